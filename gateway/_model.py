@@ -1,0 +1,58 @@
+"""Building blocks shared by the policy sections: strict models and durations."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept seconds as a number or a string with a unit: ``150ms``, ``2s``, ``1.5m``, ``1h``."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"not a duration: {value!r} (use seconds, or a number with ms, s, m or h)")
+        return float(match.group(1)) * _UNIT_S[match.group(2)]
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+"""A duration in seconds; YAML may write ``2s`` or ``150ms``."""
+
+
+class StrictModel(BaseModel):
+    """Policy sections reject unknown keys (a typo must not be silently ignored) and are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Issue(BaseModel):
+    """One problem found in a policy: where (``loc``, and the file's line when known) and what."""
+
+    loc: tuple[int | str, ...]
+    message: str
+    line: int | None = None
+
+    @property
+    def path(self) -> str:
+        return format_loc(self.loc)
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        return f"{where}{self.path or '(top level)'}: {self.message}"
+
+
+def format_loc(loc: tuple[int | str, ...]) -> str:
+    """``('tiers', 'fast', 1)`` -> ``tiers.fast[1]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out

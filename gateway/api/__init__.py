@@ -1,0 +1,1 @@
+"""OpenAI's wire format: request models and their validation."""

@@ -1,0 +1,108 @@
+"""OpenAI request bodies as pydantic models, used to validate before anything is sent upstream.
+
+``extra="allow"`` everywhere: a field we do not model is not an error and is passed to
+the upstream untouched (the gateway forwards the client's own JSON, not these models).
+``strict=True`` so ``"max_tokens": "10"`` is rejected here, with the parameter named,
+rather than by the upstream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway._model import format_loc
+from gateway.errors import InvalidRequestError
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ContentPart(_Wire):
+    type: str
+
+
+class FunctionDef(_Wire):
+    name: str = Field(min_length=1)
+
+
+class Tool(_Wire):
+    type: str
+    function: FunctionDef | None = None
+
+
+class StreamOptions(_Wire):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(_Wire):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Wire):
+    model: str = Field(min_length=1)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+
+class EmbeddingRequest(_Wire):
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+
+def validate(schema: type[BaseModel], body: dict[str, Any]) -> None:
+    """Raise :class:`InvalidRequestError` naming the first bad parameter."""
+    try:
+        schema.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = format_loc(_body_loc(body, err["loc"], missing=err["type"] == "missing"))
+        if err["type"] == "missing":
+            message = f"Missing required parameter: '{param}'."
+        else:
+            message = f"Invalid value for '{param}': {err['msg']}."
+        raise InvalidRequestError(message, param=param, code="invalid_value") from None
+
+
+def _body_loc(body: Any, loc: tuple[int | str, ...], missing: bool) -> tuple[int | str, ...]:
+    """The error's location in the client's JSON, without the union-member tags pydantic adds
+    (``('messages', 0, 'content', 'str')`` -> ``('messages', 0, 'content')``)."""
+    out: list[int | str] = []
+    node = body
+    last = len(loc) - 1
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and (part in node or (missing and i == last)):
+            out.append(part)
+            node = node.get(part)
+    return tuple(out)

@@ -1,0 +1,138 @@
+"""The ``switchyard`` command.
+
+Each command group registers itself with :func:`_register_*`; a stage that adds
+commands (``route``, ``stats``, ``batch`` ...) adds one registrar to ``REGISTRARS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import orjson
+
+from gateway.config import PolicyError, Settings, load_policy
+
+
+def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway. With no policy and no REDIS_URL it starts an embedded Redis "
+        "and the built-in simulator (deployments sim-fast and sim-strong).",
+    )
+    p.add_argument("--host", help="address to bind (SWITCHYARD_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (SWITCHYARD_PORT, default 8080)")
+    p.add_argument(
+        "--policy", help="policy YAML file (SWITCHYARD_POLICY); default: the embedded simulator policy"
+    )
+    p.add_argument("--workers", type=int, help="processes sharing the port (SWITCHYARD_WORKERS, default 1)")
+    p.add_argument("--redis-url", help="Redis URL (REDIS_URL); default: an embedded redis-server")
+    p.add_argument("--log-format", choices=["json", "console"], help="SWITCHYARD_LOG_FORMAT, default json")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway import runner
+    from gateway.telemetry import logging as tlog
+
+    try:
+        settings = Settings.from_env(
+            host=args.host,
+            port=args.port,
+            policy=args.policy,
+            workers=args.workers,
+            redis_url=args.redis_url,
+            log_format=args.log_format,
+        )
+    except ValueError as exc:
+        print(f"switchyard: bad settings: {exc}", file=sys.stderr)
+        return 2
+    tlog.configure(settings.log_level, settings.log_format)
+    try:
+        return runner.serve(settings)
+    except PolicyError as exc:
+        _print_policy_error(exc)
+        return 1
+    finally:
+        tlog.shutdown()
+
+
+def _print_policy_error(exc: PolicyError) -> None:
+    for issue in exc.issues:
+        where = f"{exc.source}:{issue.line}" if issue.line else exc.source
+        print(f"{where}: {issue.path or '(top level)'}: {issue.message}", file=sys.stderr)
+
+
+def _register_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("policy", help="check a policy file or export its JSON schema")
+    psub = p.add_subparsers(dest="policy_command", required=True)
+    check = psub.add_parser("check", help="validate a policy; print every error with its path; exit 1 if any")
+    check.add_argument("file")
+    check.set_defaults(func=_cmd_policy_check)
+    schema = psub.add_parser("schema", help="print (or write) the policy's JSON schema")
+    schema.add_argument("--out", help="write to this file instead of stdout")
+    schema.set_defaults(func=_cmd_policy_schema)
+
+
+def _cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        _print_policy_error(exc)
+        print(f"{len(exc.issues)} error(s)", file=sys.stderr)
+        return 1
+    print(
+        f"{args.file}: ok ({len(policy.deployments)} deployments, tiers: {', '.join(policy.tiers) or 'none'})"
+    )
+    return 0
+
+
+def policy_schema_json() -> bytes:
+    from gateway.policy import Policy
+
+    return orjson.dumps(Policy.model_json_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def _cmd_policy_schema(args: argparse.Namespace) -> int:
+    data = policy_schema_json()
+    if args.out:
+        Path(args.out).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+    return 0
+
+
+def _register_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    import local_backend.sim as sim
+
+    p = sub.add_parser("sim", help="run the OpenAI-compatible simulator (test and benchmark upstream)")
+    sim.add_arguments(p)
+    p.set_defaults(func=sim.run)
+
+
+REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _register_serve,
+    _register_policy,
+    _register_sim,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchyard", description="An OpenAI-compatible LLM gateway.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in REGISTRARS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

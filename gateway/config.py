@@ -1,0 +1,229 @@
+"""Settings from the environment, policy loading with located errors, and hot reload.
+
+A loaded policy becomes an immutable :class:`PolicySnapshot`. A request takes the
+current snapshot once, at its start, and keeps it to the end, so swapping in a
+reloaded policy never disturbs requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from gateway._model import Issue
+from gateway.policy import Policy
+
+_log = structlog.get_logger("switchyard.config")
+
+EMBEDDED_POLICY = Path(__file__).with_name("embedded_policy.yaml")
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class Settings(BaseModel):
+    """Process settings, read from ``SWITCHYARD_*`` environment variables (and ``REDIS_URL``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    policy: str | None = None
+    redis_url: str | None = None
+    workers: int = Field(1, ge=1, le=256)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    reload_interval_s: float = Field(0.5, gt=0)
+    admin_key: str | None = Field(None, repr=False)
+    sim_port: int = Field(0, ge=0, le=65535)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``env`` (default ``os.environ``); explicit ``overrides`` win when not None."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(f"SWITCHYARD_{name.upper()}")
+            if raw not in (None, ""):
+                values[name] = raw
+        if "redis_url" not in values and env.get("REDIS_URL"):
+            values["redis_url"] = env["REDIS_URL"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used; ``issues`` lists every problem found."""
+
+    def __init__(self, source: str, issues: list[Issue]) -> None:
+        self.source = source
+        self.issues = issues
+        super().__init__(f"{source}: " + "; ".join(str(i) for i in issues))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """A validated policy as served: immutable, swapped whole on reload."""
+
+    policy: Policy
+    source: str
+    digest: str
+    version: int
+    loaded_at: float = field(default_factory=time.time)
+
+
+def interpolate_env(text: str, env: Mapping[str, str]) -> str:
+    """Replace ``${VAR}`` and ``${VAR:-default}``; an unset variable without a default stays as written."""
+
+    def sub(match: re.Match[str]) -> str:
+        value = env.get(match.group(1))
+        if value:
+            return value
+        return match.group(2) if match.group(2) is not None else match.group(0)
+
+    return _ENV_REF.sub(sub, text)
+
+
+def parse_policy(text: str, source: str, env: Mapping[str, str] | None = None) -> Policy:
+    """Validate policy YAML text; raise :class:`PolicyError` with every located issue."""
+    text = interpolate_env(text, os.environ if env is None else env)
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(source, [Issue(loc=(), message=f"not valid YAML: {exc}", line=line)]) from None
+    if not isinstance(data, dict):
+        raise PolicyError(source, [Issue(loc=(), message="a policy is a YAML mapping")])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        issues = [Issue(loc=tuple(err["loc"]), message=_pydantic_message(err)) for err in exc.errors()]
+        raise PolicyError(source, _with_lines(text, issues)) from None
+    issues = policy.issues()
+    if issues:
+        raise PolicyError(source, _with_lines(text, issues))
+    return policy
+
+
+def _pydantic_message(err: Any) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "required key missing"
+    return str(err["msg"])
+
+
+def _with_lines(text: str, issues: list[Issue]) -> list[Issue]:
+    """Attach the YAML line of each issue's path (as deep as the path exists in the file)."""
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return issues
+    return [issue.model_copy(update={"line": _line_of(root, issue.loc)}) for issue in issues]
+
+
+def _line_of(node: Any, loc: tuple[int | str, ...]) -> int | None:
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == str(part):
+                    line, node = key.start_mark.line + 1, value
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def load_policy(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Policy:
+    """Read and validate a policy file."""
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(source, [Issue(loc=(), message=f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError:
+        raise PolicyError(source, [Issue(loc=(), message="not UTF-8 text")]) from None
+    return parse_policy(text, source, env)
+
+
+class PolicyHolder:
+    """Holds the current snapshot and reloads it when the file changes.
+
+    An edit that fails validation keeps the previous snapshot serving; the reason is
+    kept in :attr:`reload_error` (shown by ``/readyz`` and ``/admin/policy``) and logged.
+    """
+
+    def __init__(self, path: str | None, env: Mapping[str, str] | None = None) -> None:
+        self.path = path or os.fspath(EMBEDDED_POLICY)
+        self._env = env
+        self._version = 0
+        self._stat: tuple[int, int, int] | None = None
+        self.reload_error: PolicyError | None = None
+        self._listeners: list[Callable[[PolicySnapshot], None]] = []
+        self.current = self._load()
+
+    def _file_stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _load(self) -> PolicySnapshot:
+        self._stat = self._file_stat()
+        raw = Path(self.path).read_bytes() if self._stat else b""
+        policy = load_policy(self.path, self._env)
+        self._version += 1
+        return PolicySnapshot(
+            policy=policy,
+            source=self.path,
+            digest=hashlib.sha256(raw).hexdigest()[:16],
+            version=self._version,
+        )
+
+    def on_change(self, listener: Callable[[PolicySnapshot], None]) -> None:
+        """Call ``listener`` with each newly swapped-in snapshot."""
+        self._listeners.append(listener)
+
+    def reload(self) -> bool:
+        """Reload now; True when a new snapshot was swapped in."""
+        try:
+            snapshot = self._load()
+        except PolicyError as exc:
+            self.reload_error = exc
+            _log.error("policy_reload_failed", source=exc.source, issues=[str(i) for i in exc.issues])
+            return False
+        self.reload_error = None
+        if snapshot.digest == self.current.digest:
+            return False
+        self.current = snapshot
+        _log.info("policy_reloaded", source=snapshot.source, version=snapshot.version, digest=snapshot.digest)
+        for listener in self._listeners:
+            listener(snapshot)
+        return True
+
+    def changed_on_disk(self) -> bool:
+        return self._file_stat() != self._stat
+
+    async def watch(self, interval_s: float) -> None:
+        """Poll the file's stat; reload on change. Runs until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.changed_on_disk():
+                self.reload()

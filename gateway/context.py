@@ -1,0 +1,72 @@
+"""The one object a request carries through every stage."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import PolicySnapshot
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the stages learn about one request; read at the end for the log line and stats.
+
+    Times are ``time.perf_counter()`` readings; ``*_ms`` properties derive the durations.
+    """
+
+    request_id: str
+    endpoint: str
+    snapshot: PolicySnapshot
+    started: float = field(default_factory=time.perf_counter)
+    key_id: str | None = None
+    requested_model: str | None = None
+    tier: str | None = None
+    route_reason: str | None = None
+    deployment: str | None = None
+    stream: bool = False
+    attempts: int = 0
+    status: int = 0
+    error_code: str | None = None
+    first_token_at: float | None = None
+    last_event_at: float | None = None
+    finished_at: float | None = None
+    events: int = 0
+    usage: dict[str, Any] | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return (self.first_token_at - self.started) * 1000.0
+
+    @property
+    def total_ms(self) -> float:
+        end = self.finished_at if self.finished_at is not None else time.perf_counter()
+        return (end - self.started) * 1000.0
+
+    @property
+    def itl_ms(self) -> float | None:
+        """Mean gap between streamed events after the first."""
+        if self.first_token_at is None or self.last_event_at is None or self.events < 2:
+            return None
+        return (self.last_event_at - self.first_token_at) * 1000.0 / (self.events - 1)
+
+    def usage_int(self, key: str) -> int | None:
+        if not self.usage:
+            return None
+        value = self.usage.get(key)
+        return value if isinstance(value, int) else None
+
+    @property
+    def cached_tokens(self) -> int | None:
+        if not self.usage:
+            return None
+        details = self.usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            value = details.get("cached_tokens")
+            if isinstance(value, int):
+                return value
+        return None

@@ -1,0 +1,1 @@
+"""Dispatch: attempts on upstreams, bounded by timeouts (see ``dispatcher``)."""

@@ -1,0 +1,145 @@
+"""The policy file's schema: deployments, tiers, aliases and the per-stage sections.
+
+These pydantic models are the truth about what a policy may say; ``policies/schema.json``
+is exported from :class:`Policy`. A policy is validated in two passes: the shape
+(pydantic) and the cross-references (:meth:`Policy.issues`), each problem reported with
+its path, e.g. ``tiers.fast[1]: unknown deployment 'gpt-fsat'``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator
+
+from gateway._model import Issue, StrictModel
+from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.routing.policy import RoutingPolicy
+
+RESERVED_MODEL_NAMES = frozenset({"auto"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Price(StrictModel):
+    """USD per million tokens. ``cached_input`` defaults to ``input`` (no discount known)."""
+
+    input: float = Field(0.0, ge=0)
+    cached_input: float | None = Field(None, ge=0)
+    output: float = Field(0.0, ge=0)
+
+
+class Deployment(StrictModel):
+    """One upstream model endpoint that requests can be sent to."""
+
+    provider: Literal["openai", "vllm"] = Field(
+        "openai", description="Wire protocol family; both speak OpenAI's API."
+    )
+    model: str | None = Field(
+        None, description="Model name sent upstream; defaults to the deployment's own name."
+    )
+    base_url: str = Field(description="Base URL including the API prefix, e.g. https://api.openai.com/v1")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the upstream API key (never logged)."
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra headers sent upstream.")
+    price: Price | None = None
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Overrides of dispatch.timeouts.")
+    max_connections: int = Field(256, ge=1, le=100_000, description="Connection pool size.")
+    stream_usage: bool = Field(
+        True,
+        description="Ask the upstream for usage on streams; the extra chunk is stripped "
+        "before forwarding when the client did not ask for it.",
+    )
+    response_model: Literal["upstream", "deployment", "requested"] = Field(
+        "upstream",
+        description="The `model` field clients see: the upstream's, this deployment's name, "
+        "or the name the client asked for.",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"not an environment variable name: {value!r}")
+        return value
+
+
+def _member(value: Any) -> Any:
+    return {"deployment": value} if isinstance(value, str) else value
+
+
+class TierMember(StrictModel):
+    """A deployment in a tier; earlier members are preferred, ``weight`` splits traffic."""
+
+    deployment: str
+    weight: float = Field(1.0, gt=0)
+
+
+Member = Annotated[TierMember, BeforeValidator(_member)]
+
+
+class Policy(StrictModel):
+    """A whole policy file."""
+
+    deployments: dict[str, Deployment] = Field(min_length=1)
+    tiers: dict[str, list[Member]] = Field(
+        default_factory=dict, description="Tier name -> deployments in order of preference."
+    )
+    aliases: dict[str, str] = Field(
+        default_factory=dict, description="Extra model names -> a deployment or tier."
+    )
+    routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
+    dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
+    _timeouts: dict[str, Timeouts] = PrivateAttr(default_factory=dict)
+
+    def timeouts_for(self, deployment: str) -> Timeouts:
+        """The timeouts that bound an attempt on ``deployment``: its own, then the policy's, then defaults."""
+        found = self._timeouts.get(deployment)
+        if found is None:
+            base = self.dispatch.timeouts.over(DEFAULT_TIMEOUTS)
+            found = self._timeouts[deployment] = self.deployments[deployment].timeouts.over(base)
+        return found
+
+    def issues(self) -> list[Issue]:
+        """Cross-reference problems the shape alone cannot catch, each with its path."""
+        found: list[Issue] = []
+        names: dict[str, str] = {}
+        for section, keys in (
+            ("deployments", self.deployments),
+            ("tiers", self.tiers),
+            ("aliases", self.aliases),
+        ):
+            for name in keys:
+                if name in RESERVED_MODEL_NAMES:
+                    found.append(Issue(loc=(section, name), message=f"'{name}' is reserved"))
+                elif name in names:
+                    found.append(Issue(loc=(section, name), message=f"name already used in {names[name]}"))
+                else:
+                    names[name] = section
+        for tier, members in self.tiers.items():
+            if not members:
+                found.append(Issue(loc=("tiers", tier), message="a tier needs at least one deployment"))
+            for i, member in enumerate(members):
+                if member.deployment not in self.deployments:
+                    found.append(
+                        Issue(
+                            loc=("tiers", tier, i),
+                            message=f"unknown deployment '{member.deployment}'",
+                        )
+                    )
+        for alias, target in self.aliases.items():
+            if target not in self.deployments and target not in self.tiers:
+                found.append(Issue(loc=("aliases", alias), message=f"unknown deployment or tier '{target}'"))
+        if self.routing.default_tier not in self.tiers:
+            found.append(
+                Issue(loc=("routing", "default_tier"), message=f"unknown tier '{self.routing.default_tier}'")
+            )
+        return found

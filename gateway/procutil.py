@@ -1,0 +1,64 @@
+"""Small helpers for the child processes the gateway starts (Redis, the simulator, workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def child_preexec() -> None:
+    """In the child, before exec: die with SIGTERM when the parent dies (Linux), so no
+    orphaned Redis or simulator outlives a gateway killed with SIGKILL."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
+def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; raise TimeoutError (or RuntimeError if ``proc`` died)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with status {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if 200 <= resp.status < 300:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+        time.sleep(0.05)

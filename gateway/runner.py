@@ -1,0 +1,146 @@
+"""``switchyard serve``: the embedded services of the zero-setup default, and N worker processes.
+
+With no ``REDIS_URL`` an embedded Redis is started; with no policy the built-in
+simulator is started and the embedded policy points at it. With ``--workers N`` the
+parent starts N gateway processes that share the port through SO_REUSEPORT, and
+restarts one that dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+import structlog
+
+from gateway.config import PolicyHolder, Settings
+from gateway.procutil import child_preexec, free_port, run_async, wait_http_ok
+from gateway.store.embedded import EmbeddedRedis
+
+_log = structlog.get_logger("switchyard")
+_WORKER_ENV = "SWITCHYARD_WORKER_SETTINGS"
+
+
+class SimProcess:
+    """The built-in simulator as a child process on loopback."""
+
+    def __init__(self, port: int | None = None, extra_args: list[str] | None = None) -> None:
+        self.port = port or free_port()
+        self._args = extra_args or []
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> SimProcess:
+        cmd = [sys.executable, "-m", "local_backend.sim", "--host", "127.0.0.1", "--port", str(self.port)]
+        self._proc = subprocess.Popen(
+            [*cmd, *self._args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=child_preexec,
+        )
+        try:
+            wait_http_ok(f"http://127.0.0.1:{self.port}/health", 20.0, self._proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            _stop(self._proc)
+            self._proc = None
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve(settings: Settings) -> int:
+    """Start what the settings need and serve until SIGINT/SIGTERM."""
+    with contextlib.ExitStack() as stack:
+        if settings.redis_url is None:
+            redis = stack.enter_context(EmbeddedRedis())
+            settings = settings.model_copy(update={"redis_url": redis.url})
+            _log.info("embedded_redis", url=redis.url)
+        if settings.policy is None:
+            sim = stack.enter_context(SimProcess(settings.sim_port or None))
+            os.environ["SWITCHYARD_SIM_URL"] = sim.base_url
+            _log.info("embedded_simulator", base_url=sim.base_url)
+        holder = PolicyHolder(settings.policy)
+        if settings.workers == 1:
+            return _serve_one(settings, holder)
+        return _serve_workers(settings)
+    return 0  # pragma: no cover - the with block always returns
+
+
+def _serve_one(settings: Settings, holder: PolicyHolder | None, reuse_port: bool = False) -> int:
+    from gateway.server import create_app, serve
+
+    app = create_app(settings, holder)
+    run_async(serve(app, settings.host, settings.port, reuse_port=reuse_port))
+    return 0
+
+
+def _serve_workers(settings: Settings) -> int:
+    if settings.port == 0:
+        raise SystemExit("--workers needs a fixed --port (they share it through SO_REUSEPORT)")
+    env = {**os.environ, _WORKER_ENV: settings.model_dump_json()}
+    cmd = [sys.executable, "-m", "gateway.runner"]
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=child_preexec)
+
+    workers = [spawn() for _ in range(settings.workers)]
+    _log.info("workers_started", count=len(workers), pids=[w.pid for w in workers])
+    backoff_s = 0.5
+    while not stopping:
+        time.sleep(0.2)
+        for i, proc in enumerate(workers):
+            if proc.poll() is not None and not stopping:
+                _log.error("worker_died", pid=proc.pid, status=proc.returncode, restart_in_s=backoff_s)
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 10.0)
+                workers[i] = spawn()
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        _stop(proc, timeout_s=30.0)
+    return 0
+
+
+def _worker_main() -> int:
+    from gateway.telemetry import logging as tlog
+
+    settings = Settings.model_validate_json(os.environ[_WORKER_ENV])
+    tlog.configure(settings.log_level, settings.log_format)
+    try:
+        return _serve_one(settings, None, reuse_port=True)
+    finally:
+        tlog.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

@@ -1,0 +1,415 @@
+"""The aiohttp application: routes, middleware, and the wiring of the stages.
+
+This is the only module that knows about every stage. A request runs
+parse -> route -> dispatch -> forward, each a plain call on one RequestContext;
+the log line and the stats are written when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import os
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+from pydantic import BaseModel
+from redis.asyncio import Redis
+
+from gateway import cachestats
+from gateway._model import parse_duration
+from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
+from gateway.config import PolicyHolder, PolicySnapshot, Settings
+from gateway.context import RequestContext
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.errors import (
+    InvalidRequestError,
+    MethodNotAllowedError,
+    ModelNotFoundError,
+    NotFoundError,
+    PermissionDeniedError,
+    RequestTooLargeError,
+    SwitchyardError,
+    sse_error_event,
+)
+from gateway.routing.resolve import model_names, resolve
+from gateway.store import connect
+from gateway.store.writer import StatsWriter
+from gateway.upstream import UpstreamPool
+
+_log = structlog.get_logger("switchyard.request")
+
+SETTINGS = web.AppKey("settings", Settings)
+POLICY = web.AppKey("policy", PolicyHolder)
+POOL = web.AppKey("pool", UpstreamPool)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+REDIS = web.AppKey("redis", Redis)
+STATS = web.AppKey("stats", StatsWriter)
+CTX = "switchyard.ctx"
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    # Ids need to be unique, not secret: the Mersenne Twister is ten times cheaper than urandom.
+    return f"req_{random.getrandbits(96):024x}"
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def error_response(exc: SwitchyardError, ctx: RequestContext | None = None) -> web.Response:
+    headers = dict(exc.headers)
+    if ctx is not None:
+        headers.update(_route_headers(ctx))
+    return web.Response(
+        body=exc.to_json(), status=exc.status, headers=headers, content_type="application/json"
+    )
+
+
+def _route_headers(ctx: RequestContext) -> dict[str, str]:
+    headers = {"x-request-id": ctx.request_id}
+    if ctx.deployment is not None:
+        headers["x-switchyard-model"] = ctx.deployment
+        headers["x-switchyard-attempts"] = str(ctx.attempts)
+    if ctx.route_reason is not None:
+        headers["x-switchyard-route"] = ctx.route_reason
+    return headers
+
+
+def _http_error(exc: web.HTTPException, request: web.Request) -> SwitchyardError:
+    if exc.status == 404:
+        return NotFoundError(f"Unknown path: {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowedError(f"Method {request.method} is not allowed on {request.path}")
+    if exc.status == 413:
+        limit = request.app[SETTINGS].max_body_bytes
+        return RequestTooLargeError(f"Request body is larger than the limit of {limit} bytes.")
+    return InvalidRequestError(exc.reason or f"HTTP {exc.status}")
+
+
+@web.middleware
+async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give every request a context and an id; turn every failure into OpenAI's error JSON;
+    write the one log line per API request."""
+    ctx = RequestContext(
+        request_id=_request_id(request),
+        endpoint=request.path,
+        snapshot=request.app[POLICY].current,
+    )
+    request[CTX] = ctx
+    try:
+        resp = await handler(request)
+    except SwitchyardError as exc:
+        ctx.error_code = exc.code
+        resp = error_response(exc, ctx)
+    except web.HTTPException as exc:
+        err = _http_error(exc, request)
+        ctx.error_code = err.code
+        resp = error_response(err, ctx)
+    except asyncio.CancelledError:
+        # The client went away; 499 as nginx logs it.
+        ctx.status = 499
+        _finish(request, ctx)
+        raise
+    except Exception:
+        _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
+        err = SwitchyardError(f"Internal error in the gateway (request id {ctx.request_id}).")
+        ctx.error_code = "internal_error"
+        resp = error_response(err, ctx)
+    if not ctx.status:
+        ctx.status = resp.status
+    _finish(request, ctx)
+    return resp
+
+
+def _finish(request: web.Request, ctx: RequestContext) -> None:
+    if not ctx.endpoint.startswith("/v1/"):
+        return
+    ctx.finished_at = time.perf_counter()
+    if ctx.deployment is not None:
+        cachestats.record(request.app[STATS], ctx)
+    ttft = ctx.ttft_ms
+    _log.info(
+        "request",
+        request_id=ctx.request_id,
+        key_id=ctx.key_id,
+        endpoint=ctx.endpoint,
+        model=ctx.requested_model,
+        tier=ctx.tier,
+        deployment=ctx.deployment,
+        stream=ctx.stream,
+        status=ctx.status,
+        error_code=ctx.error_code,
+        attempts=ctx.attempts,
+        ttft_ms=round(ttft, 2) if ttft is not None else None,
+        total_ms=round(ctx.total_ms, 2),
+        prompt_tokens=ctx.usage_int("prompt_tokens"),
+        completion_tokens=ctx.usage_int("completion_tokens"),
+        cached_tokens=ctx.cached_tokens,
+    )
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequestError(
+            "We could not parse the JSON body of your request. The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ctx: RequestContext = request[CTX]
+        body = await _read_json(request)
+        validate(schema, body)
+        ctx.requested_model = body["model"]
+        route = resolve(ctx.snapshot.policy, body["model"])
+        ctx.tier = route.tier
+        ctx.route_reason = route.header()
+        dispatcher = request.app[DISPATCHER]
+        if not (streamable and body.get("stream") is True):
+            result = await dispatcher.unary(ctx, route, endpoint, body)
+            return web.Response(
+                body=result.body, headers=_route_headers(ctx), content_type=result.content_type.split(";")[0]
+            )
+        ctx.stream = True
+        return await _forward_stream(request, ctx, await dispatcher.open_stream(ctx, route, endpoint, body))
+
+    return handle
+
+
+async def _forward_stream(request: web.Request, ctx: RequestContext, opened: Any) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={**_route_headers(ctx), **_SSE_HEADERS})
+    try:
+        await resp.prepare(request)
+        await resp.write(opened.first)
+        async for out in opened.rest():
+            await resp.write(out)
+    except SwitchyardError as exc:
+        # Headers are gone; end the stream with an error event, never a silent cut.
+        ctx.error_code = exc.code
+        with contextlib.suppress(ConnectionError):
+            await resp.write(sse_error_event(exc))
+    except ConnectionError:
+        ctx.status = 499
+        ctx.error_code = "client_disconnected"
+    finally:
+        opened.close()
+        ctx.usage = opened.scanner.usage
+        if opened.scanner.error is not None and ctx.error_code is None:
+            ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
+    if ctx.status != 499:
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+    return resp
+
+
+def _models_body(snapshot: PolicySnapshot) -> bytes:
+    created = int(snapshot.loaded_at)
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
+                for name in model_names(snapshot.policy)
+            ],
+        }
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ctx: RequestContext = request[CTX]
+    return web.Response(body=_models_body(ctx.snapshot), content_type="application/json")
+
+
+async def get_model(request: web.Request) -> web.Response:
+    ctx: RequestContext = request[CTX]
+    name = request.match_info["model"]
+    if name not in model_names(ctx.snapshot.policy):
+        raise ModelNotFoundError(name)
+    body = {"id": name, "object": "model", "created": int(ctx.snapshot.loaded_at), "owned_by": "switchyard"}
+    return json_response(body)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "pid": os.getpid()})
+
+
+def _policy_status(holder: PolicyHolder) -> dict[str, Any]:
+    snap = holder.current
+    error = holder.reload_error
+    return {
+        "source": snap.source,
+        "version": snap.version,
+        "digest": snap.digest,
+        "loaded_at": snap.loaded_at,
+        "reload_error": None if error is None else [str(i) for i in error.issues],
+        "deployments": list(snap.policy.deployments),
+        "tiers": {name: [m.deployment for m in members] for name, members in snap.policy.tiers.items()},
+    }
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when a policy is loaded; shows a failed reload and whether Redis answers
+    (a Redis outage does not make the gateway unready: it keeps serving without stats)."""
+    redis_ok = True
+    try:
+        async with asyncio.timeout(0.5):
+            await request.app[REDIS].ping()
+    except Exception:
+        redis_ok = False
+    body = {"status": "ready", "policy": _policy_status(request.app[POLICY]), "redis": redis_ok}
+    return json_response(body)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_admin(request: web.Request) -> None:
+    """Admin endpoints need ``Authorization: Bearer $SWITCHYARD_ADMIN_KEY``; without an admin
+    key configured they are open only on a gateway bound to loopback."""
+    settings = request.app[SETTINGS]
+    if settings.admin_key is None:
+        if _is_loopback(settings.host):
+            return
+        raise PermissionDeniedError("Admin API is disabled: set SWITCHYARD_ADMIN_KEY.")
+    given = request.headers.get("Authorization", "")
+    token = given[7:] if given.startswith("Bearer ") else ""
+    if not hmac.compare_digest(token.encode(), settings.admin_key.encode()):
+        raise PermissionDeniedError("Admin API needs the admin key.", code="invalid_admin_key")
+
+
+async def admin_policy(request: web.Request) -> web.Response:
+    require_admin(request)
+    holder = request.app[POLICY]
+    body = {**_policy_status(holder), "policy": holder.current.policy.model_dump(mode="json")}
+    return json_response(body)
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    require_admin(request)
+    holder = request.app[POLICY]
+    swapped = holder.reload()
+    status = 200 if holder.reload_error is None else 422
+    body = {"reloaded": swapped, **_policy_status(holder)}
+    return json_response(body, status)
+
+
+def _since_s(request: web.Request) -> int:
+    raw = request.query.get("since", "1h")
+    try:
+        value = float(parse_duration(raw))
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), param="since") from None
+    return max(60, min(int(value), cachestats.RETENTION_S))
+
+
+async def admin_stats(request: web.Request) -> web.Response:
+    require_admin(request)
+    since = _since_s(request)
+    deployments = list(request.app[POLICY].current.policy.deployments)
+    writer = request.app[STATS]
+    try:
+        async with asyncio.timeout(2.0):
+            usage = await cachestats.usage(request.app[REDIS], deployments, since)
+    except Exception as exc:
+        raise SwitchyardError(f"stats are unavailable: Redis did not answer ({type(exc).__name__})") from None
+    body = {
+        "since_s": since,
+        "deployments": usage,
+        "stats_writes": {"written": writer.written, "dropped": writer.dropped, "pending": writer.pending},
+    }
+    return json_response(body)
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    holder = app[POLICY]
+    redis_url = settings.redis_url
+    if redis_url is None:
+        raise RuntimeError("no Redis URL: the CLI starts an embedded Redis when none is configured")
+    app[REDIS] = connect(redis_url)
+    app[STATS] = StatsWriter(app[REDIS])
+    app[POOL].update(holder.current.policy)
+    holder.on_change(lambda snap: app[POOL].update(snap.policy))
+    tasks = [
+        asyncio.create_task(holder.watch(settings.reload_interval_s), name="policy-watch"),
+        asyncio.create_task(app[STATS].run(), name="stats-writer"),
+    ]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await app[POOL].close()
+    await app[REDIS].aclose()
+
+
+def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Application:
+    """The gateway application for ``settings`` (the policy is loaded here unless given)."""
+    app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[POLICY] = holder or PolicyHolder(settings.policy)
+    pool = UpstreamPool()
+    app[POOL] = pool
+    app[DISPATCHER] = Dispatcher(pool)
+    app.cleanup_ctx.append(_background)
+    app.router.add_post("/v1/chat/completions", _proxy("/chat/completions", ChatCompletionRequest, True))
+    app.router.add_post("/v1/completions", _proxy("/completions", CompletionRequest, True))
+    app.router.add_post("/v1/embeddings", _proxy("/embeddings", EmbeddingRequest, False))
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/admin/policy", admin_policy)
+    app.router.add_post("/admin/reload", admin_reload)
+    app.router.add_get("/admin/stats", admin_stats)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM, then stop accepting and close."""
+    import signal
+
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=1024)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    structlog.get_logger("switchyard").info(
+        "listening", url=f"http://{host}:{port}", pid=os.getpid(), policy=app[POLICY].current.source
+    )
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

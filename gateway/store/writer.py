@@ -1,0 +1,106 @@
+"""Stats writes to Redis, off the request path: queued, pipelined, and dropped when Redis is slow.
+
+A request only adds to in-process counters (:meth:`StatsWriter.hincr`), or appends a
+small closure to a bounded queue (:meth:`StatsWriter.add`). A background task flushes
+both in one pipeline every ``flush_interval_s``: counters are summed first, so the
+number of Redis commands per flush depends on how many keys changed, not on the
+request rate. A flush that fails or takes longer than ``timeout_s`` drops its batch
+and counts the writes as dropped. Requests never wait on Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+_log = structlog.get_logger("switchyard.store")
+
+Op = Callable[[Any], None]
+"""Queues commands on a redis pipeline."""
+
+
+class StatsWriter:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        max_pending: int = 20_000,
+        flush_interval_s: float = 0.1,
+        timeout_s: float = 0.5,
+    ) -> None:
+        self._redis = redis
+        self._pending: deque[Op] = deque()
+        self._counters: dict[str, dict[str, int]] = {}
+        self._ttls: dict[str, int] = {}
+        self._max_pending = max_pending
+        self._flush_interval_s = flush_interval_s
+        self._timeout_s = timeout_s
+        self.written = 0
+        self.dropped = 0
+        self._last_warning = 0.0
+
+    def add(self, op: Op) -> None:
+        """Queue ``op``; when the queue is full the write is dropped and counted."""
+        if len(self._pending) >= self._max_pending:
+            self.dropped += 1
+            return
+        self._pending.append(op)
+
+    def hincr(self, key: str, field: str, amount: int, ttl_s: int) -> None:
+        """Add ``amount`` to a hash field; summed in process until the next flush."""
+        fields = self._counters.get(key)
+        if fields is None:
+            if len(self._counters) >= self._max_pending:
+                self.dropped += 1
+                return
+            fields = self._counters[key] = {}
+            self._ttls[key] = ttl_s
+        fields[field] = fields.get(field, 0) + amount
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending) + len(self._counters)
+
+    async def flush(self) -> None:
+        """Write what is queued now, in one pipeline."""
+        if not self._pending and not self._counters:
+            return
+        batch = list(self._pending)
+        self._pending.clear()
+        counters, ttls = self._counters, self._ttls
+        self._counters, self._ttls = {}, {}
+        size = len(batch) + len(counters)
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for key, fields in counters.items():
+                for field, amount in fields.items():
+                    pipe.hincrby(key, field, amount)
+                pipe.expire(key, ttls[key])
+            for op in batch:
+                op(pipe)
+            async with asyncio.timeout(self._timeout_s):
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.dropped += size
+            now = time.monotonic()
+            if now - self._last_warning > 10:
+                self._last_warning = now
+                _log.warning("stats_writes_dropped", batch=size, dropped_total=self.dropped, error=repr(exc))
+        else:
+            self.written += size
+
+    async def run(self) -> None:
+        """Flush every ``flush_interval_s`` until cancelled; a last flush on the way out."""
+        try:
+            while True:
+                await asyncio.sleep(self._flush_interval_s)
+                await self.flush()
+        finally:
+            await asyncio.shield(self.flush())

@@ -1,0 +1,1 @@
+"""Logging (and, later, tracing and metrics)."""
