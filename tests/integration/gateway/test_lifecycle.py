@@ -108,14 +108,14 @@ def test_one_log_line_per_request_without_prompt_text(sim: SimServer, make_gatew
     secret_prompt = "my-very-private-prompt-text"
     client.chat.completions.create(model="fast", messages=[{"role": "user", "content": secret_prompt}])
     list(client.chat.completions.create(model="strong", messages=MESSAGES, stream=True))
-    line = gw.wait_log(lambda l: l.get("event") == "request" and l.get("stream") is True)
+    line = gw.wait_log(lambda entry: entry.get("event") == "request" and entry.get("stream") is True)
     for key in ("request_id", "key_id", "model", "deployment", "status", "attempts", "ttft_ms", "total_ms",
                 "prompt_tokens", "completion_tokens", "cached_tokens"):
         assert key in line, key
     assert line["deployment"] == "sim-strong" and line["status"] == 200 and line["attempts"] == 1
     assert line["ttft_ms"] > 0 and line["total_ms"] >= line["ttft_ms"]
     assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0
-    requests = [l for l in gw.log_lines() if l.get("event") == "request"]
+    requests = [entry for entry in gw.log_lines() if entry.get("event") == "request"]
     assert len(requests) == 2
     text = gw.log_path.read_text()
     assert secret_prompt not in text and "sk-client-secret" not in text

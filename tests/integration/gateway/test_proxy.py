@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
-
 from typing import Any
 
 import aiohttp
@@ -155,5 +155,5 @@ tiers: {{fast: [slow]}}
 """)
         times = asyncio.run(arrivals(gw.base_url + "/chat/completions"))
     assert len(times) >= 5
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert sum(1 for g in gaps if g > 0.05) >= 4, gaps
