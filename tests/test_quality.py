@@ -15,7 +15,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    out = run("ruff", "check", *PACKAGES, "tests", "bench")
+    paths = [p for p in (*PACKAGES, "tests", "bench") if (ROOT / p).exists()]
+    out = run("ruff", "check", *paths)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
