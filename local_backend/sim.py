@@ -363,7 +363,7 @@ def _fault_error(faults: dict[str, str]) -> web.Response | None:
 
 def _words(seed_text: bytes, n: int) -> list[str]:
     seed = int.from_bytes(hashlib.blake2b(seed_text, digest_size=8).digest(), "little")
-    return [_WORDS[(seed + i * 7919) % len(_WORDS)] for i in range(n)]
+    return [_WORDS[(seed + i) % len(_WORDS)] for i in range(n)]
 
 
 def _natural_length(seed_text: bytes, profile: ModelProfile) -> int:
