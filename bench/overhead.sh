@@ -1,0 +1,598 @@
+#!/usr/bin/env bash
+# Gateway overhead: the same wrk load straight at a canned nginx upstream and through
+# Switchyard (and, with --litellm, through LiteLLM's proxy), at concurrency 1, 16 and 64,
+# non-stream and stream. Prints a table and writes JSON. See bench/README.md.
+#
+# Usage: bash bench/overhead.sh [--litellm] [--workers N] [--duration S] [--out FILE]
+#                               [--warmup S] [--concurrency "1 16 64"] [--modes "nonstream stream"]
+#                               [--repeat N] [--wrk-threads N] [--baseline FILE] [--strict] [--keep]
+#                               [--profile] [--wait-quiet S]
+#
+# Environment: VENV (the venv whose bin/switchyard to run), SWITCHYARD (the binary itself),
+# NGINX (default /usr/sbin/nginx), WRK (default wrk), PYTHON (runs report.py, default python3),
+# LITELLM_VENV (default bench/.litellm-venv), LITELLM_SPEC (default 'litellm[proxy]'),
+# PY_SPY (for --profile; default: py-spy next to switchyard, else on PATH).
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(dirname "$BENCH_DIR")
+
+USE_LITELLM=0
+WORKERS=1
+DURATION_S=10
+WARMUP_S=3
+CONCURRENCY="1 16 64"
+MODES="nonstream stream"
+OUT=""
+BASELINE=""
+STRICT=0
+KEEP=0
+WRK_THREADS=1
+REPEAT=1
+PROFILE=0
+WAIT_QUIET_S=0
+
+usage() {
+  # The comment block at the top of this file.
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
+}
+
+die() {
+  echo "overhead.sh: $*" >&2
+  exit 2
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --litellm) USE_LITELLM=1 ;;
+    --workers) WORKERS=${2:?--workers needs a number}; shift ;;
+    --duration) DURATION_S=${2:?--duration needs seconds}; shift ;;
+    --warmup) WARMUP_S=${2:?--warmup needs seconds}; shift ;;
+    --concurrency) CONCURRENCY=${2:?--concurrency needs a list}; shift ;;
+    --modes) MODES=${2:?--modes needs a list}; shift ;;
+    --out) OUT=${2:?--out needs a file}; shift ;;
+    --baseline) BASELINE=${2:?--baseline needs a file}; shift ;;
+    --wrk-threads) WRK_THREADS=${2:?--wrk-threads needs a number}; shift ;;
+    --repeat) REPEAT=${2:?--repeat needs a number}; shift ;;
+    --strict) STRICT=1 ;;
+    --keep) KEEP=1 ;;
+    --profile) PROFILE=1 ;;
+    --wait-quiet) WAIT_QUIET_S=${2:?--wait-quiet needs seconds}; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument: $1 (try --help)" ;;
+  esac
+  shift
+done
+
+[[ $WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer"
+[[ $DURATION_S =~ ^[1-9][0-9]*$ ]] || die "--duration must be whole seconds"
+[[ $WARMUP_S =~ ^[0-9]+$ ]] || die "--warmup must be whole seconds"
+[[ $WRK_THREADS =~ ^[1-9][0-9]*$ ]] || die "--wrk-threads must be a positive integer"
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
+[[ $WAIT_QUIET_S =~ ^[0-9]+$ ]] || die "--wait-quiet must be whole seconds"
+for m in $MODES; do
+  [[ $m == nonstream || $m == stream ]] || die "--modes: unknown mode '$m'"
+done
+for c in $CONCURRENCY; do
+  [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: not a number: '$c'"
+done
+
+# --- tools -------------------------------------------------------------------------------
+
+NGINX=${NGINX:-/usr/sbin/nginx}
+WRK=${WRK:-$(command -v wrk || true)}
+if [[ -z ${SWITCHYARD:-} ]]; then
+  if [[ -n ${VENV:-} && -x $VENV/bin/switchyard ]]; then
+    SWITCHYARD=$VENV/bin/switchyard
+  elif [[ -n ${VIRTUAL_ENV:-} && -x $VIRTUAL_ENV/bin/switchyard ]]; then
+    SWITCHYARD=$VIRTUAL_ENV/bin/switchyard
+  elif command -v switchyard >/dev/null 2>&1; then
+    SWITCHYARD=$(command -v switchyard)
+  elif [[ -x $REPO_ROOT/.venv/bin/switchyard ]]; then
+    SWITCHYARD=$REPO_ROOT/.venv/bin/switchyard
+  else
+    SWITCHYARD=""
+  fi
+fi
+if [[ -z ${PYTHON:-} ]]; then
+  PYTHON=$(command -v python3 || true)
+  [[ -z $PYTHON && -n $SWITCHYARD ]] && PYTHON=$(dirname "$SWITCHYARD")/python
+fi
+LITELLM_VENV=${LITELLM_VENV:-$BENCH_DIR/.litellm-venv}
+LITELLM_SPEC=${LITELLM_SPEC:-litellm[proxy]}
+
+[[ -x $NGINX ]] || die "nginx not found at $NGINX (apt-get install nginx-light, or set NGINX)"
+[[ -n $WRK && -x $WRK ]] || die "wrk not found (apt-get install wrk, or set WRK)"
+[[ -n $SWITCHYARD && -x $SWITCHYARD ]] || die "switchyard not found: set VENV=<venv> or SWITCHYARD=<path>, or put it on PATH"
+[[ -n $PYTHON ]] || die "python3 not found (set PYTHON)"
+command -v curl >/dev/null 2>&1 || die "curl not found"
+if [[ $PROFILE == 1 ]]; then
+  if [[ -z ${PY_SPY:-} ]]; then
+    PY_SPY=$(dirname "$SWITCHYARD")/py-spy
+    [[ -x $PY_SPY ]] || PY_SPY=$(command -v py-spy || true)
+  fi
+  [[ -n $PY_SPY && -x $PY_SPY ]] || die "--profile needs py-spy (pip install py-spy into the gateway's venv, or set PY_SPY)"
+fi
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+[[ -n $OUT ]] || OUT=$BENCH_DIR/results/overhead-$STAMP.json
+mkdir -p "$(dirname "$OUT")"
+CLK_TCK=$(getconf CLK_TCK)
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# --- processes we start, and their cleanup -----------------------------------------------
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/switchyard-bench.XXXXXX")
+# Every service runs under setsid, so its pid is also its process group: cleanup stops
+# the group (the gateway's embedded Redis and workers, LiteLLM's children) and nothing else.
+STARTED=()
+PROFILERS=()
+WRK_PID=""
+FAILED=0
+
+stop_group() {
+  local pgid=$1 i
+  kill -TERM -- "-$pgid" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do
+    kill -0 -- "-$pgid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pgid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+cleanup() {
+  local rc=$? pgid i
+  trap - EXIT INT TERM
+  [[ -n $WRK_PID ]] && kill "$WRK_PID" 2>/dev/null
+  for pgid in "${PROFILERS[@]}"; do kill "$pgid" 2>/dev/null || true; done
+  for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do
+    pgid=${STARTED[i]}
+    stop_group "$pgid"
+  done
+  wait 2>/dev/null || true
+  if [[ $KEEP == 1 || $rc != 0 || $FAILED != 0 ]]; then
+    echo "logs kept in $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME LOGFILE CMD...: run CMD in its own session; sets START_PID.
+start() {
+  local name=$1 logfile=$2
+  shift 2
+  setsid "$@" >"$logfile" 2>&1 </dev/null &
+  START_PID=$!
+  STARTED+=("$START_PID")
+  log "started $name (pid $START_PID, log $logfile)"
+}
+
+# wait_http URL SECONDS PID: until URL answers 2xx; fails if PID exits first.
+wait_http() {
+  local url=$1 secs=$2 pid=$3 deadline=$((SECONDS + $2))
+  while ((SECONDS < deadline)); do
+    kill -0 "$pid" 2>/dev/null || return 1
+    curl -fsS -o /dev/null --max-time 2 "$url" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "timed out after ${secs}s waiting for $url" >&2
+  return 1
+}
+
+http_status() { curl -sS -o /dev/null -w '%{http_code}' --max-time 2 "$1" 2>/dev/null || true; }
+
+# group_cpu PGID: "APP_TICKS OTHER_TICKS" summed over the live processes of a group
+# (utime+stime from /proc/PID/stat); OTHER is redis-server (the gateway's embedded Redis).
+group_cpu() {
+  local pgid=$1 pid comm stat rest app=0 other=0 ticks
+  while read -r pid comm; do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    rest=${stat##*) }
+    # shellcheck disable=SC2086
+    set -- $rest
+    ticks=$((${12} + ${13}))
+    if [[ $comm == redis-server ]]; then other=$((other + ticks)); else app=$((app + ticks)); fi
+  done < <(ps -e -o pid=,pgid=,comm= | awk -v g="$pgid" '$2 == g { print $1, $3 }')
+  echo "$app $other"
+}
+
+# group_rss PGID: "APP_KB OTHER_KB NPROCS" (VmRSS) over the group's processes.
+group_rss() {
+  local pgid=$1 pid comm kb app=0 other=0 n=0
+  while read -r pid comm; do
+    kb=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || continue
+    [[ -n $kb ]] || continue
+    if [[ $comm == redis-server ]]; then other=$((other + kb)); else app=$((app + kb)); n=$((n + 1)); fi
+  done < <(ps -e -o pid=,pgid=,comm= | awk -v g="$pgid" '$2 == g { print $1, $3 }')
+  echo "$app $other $n"
+}
+
+free_ports() {
+  "$PYTHON" - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# --- is the machine quiet? -----------------------------------------------------------------
+
+# machine_ticks: "TOTAL IDLE" jiffies of all cores (idle includes iowait).
+machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
+
+# busy_pct SECONDS: share of all cores busy over the next SECONDS.
+busy_pct() {
+  local t0 i0 t1 i1
+  read -r t0 i0 <<<"$(machine_ticks)"
+  sleep "$1"
+  read -r t1 i1 <<<"$(machine_ticks)"
+  echo $((100 * ((t1 - t0) - (i1 - i0)) / (t1 - t0 > 0 ? t1 - t0 : 1)))
+}
+deadline=$((SECONDS + WAIT_QUIET_S))
+while :; do
+  BUSY_BEFORE=$(busy_pct 2)
+  ((BUSY_BEFORE <= 10)) && break
+  if ((SECONDS >= deadline)); then
+    log "WARNING: the machine is already ${BUSY_BEFORE}% busy with other work: expect noisy numbers (see the 'other' column; --wait-quiet S waits for it)"
+    break
+  fi
+  log "machine ${BUSY_BEFORE}% busy with other work; waiting (--wait-quiet)"
+done
+
+# --- canned upstream ----------------------------------------------------------------------
+
+read -r JSON_PORT SSE_PORT GW_PORT LL_PORT <<<"$(free_ports 4)"
+mkdir -p "$WORK/nginx/tmp"
+sed -e "s/@JSON_PORT@/$JSON_PORT/g" -e "s/@SSE_PORT@/$SSE_PORT/g" \
+  "$BENCH_DIR/nginx/nginx.conf.template" >"$WORK/nginx/nginx.conf"
+log "canned upstream: nginx on :$JSON_PORT (chat.completion JSON) and :$SSE_PORT (SSE, 20 chunks)"
+start nginx "$WORK/nginx/stdout.log" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx/nginx.conf"
+NGINX_PID=$START_PID
+if ! { wait_http "http://127.0.0.1:$JSON_PORT/v1/models" 10 "$NGINX_PID" &&
+  wait_http "http://127.0.0.1:$SSE_PORT/v1/models" 10 "$NGINX_PID"; }; then
+  cat "$WORK/nginx/error.log" "$WORK/nginx/stdout.log" >&2 2>/dev/null || true
+  die "nginx did not start"
+fi
+
+# --- the gateway --------------------------------------------------------------------------
+
+cat >"$WORK/policy.yaml" <<EOF
+deployments:
+  canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1"}
+  canned-stream: {base_url: "http://127.0.0.1:$SSE_PORT/v1"}
+tiers:
+  fast: [canned]
+  strong: [canned-stream]
+EOF
+GW_ARGS=(serve --policy "$WORK/policy.yaml" --host 127.0.0.1 --port "$GW_PORT")
+[[ $WORKERS == 1 ]] || GW_ARGS+=(--workers "$WORKERS")
+log "gateway: $SWITCHYARD ${GW_ARGS[*]} (embedded Redis)"
+start gateway "$WORK/gateway.log" env -u REDIS_URL "$SWITCHYARD" "${GW_ARGS[@]}"
+GW_PID=$START_PID
+gw_up=0
+deadline=$((SECONDS + 60))
+while ((SECONDS < deadline)); do
+  kill -0 "$GW_PID" 2>/dev/null || break
+  code=$(http_status "http://127.0.0.1:$GW_PORT/healthz")
+  if [[ $code == 200 ]]; then gw_up=1; break; fi
+  if [[ $code =~ ^[1-5][0-9][0-9]$ ]] &&
+    [[ $(http_status "http://127.0.0.1:$GW_PORT/v1/models") == 200 ]]; then
+    # Listening and serving the API, but /healthz is broken: say so, and go on.
+    log "WARNING: gateway /healthz answered HTTP $code, /v1/models answers 200: benchmarking anyway"
+    GW_HEALTHZ_WARNING="GET /healthz answered HTTP $code"
+    gw_up=1
+    break
+  fi
+  sleep 0.2
+done
+if [[ $gw_up != 1 ]]; then
+  tail -n 30 "$WORK/gateway.log" >&2 || true
+  die "gateway did not become healthy (log: $WORK/gateway.log)"
+fi
+if [[ $WORKERS -gt 1 ]]; then
+  # Wait until every worker has bound the port (each answers /healthz with its own pid).
+  deadline=$((SECONDS + 30))
+  while ((SECONDS < deadline)); do
+    n=$(ps -e -o pgid=,comm= | awk -v g="$GW_PID" '$1 == g && $2 != "redis-server"' | wc -l)
+    ((n >= WORKERS + 1)) && break
+    sleep 0.2
+  done
+  sleep 1
+fi
+log "gateway up on :$GW_PORT ($WORKERS worker(s))"
+
+# --- LiteLLM (optional) -------------------------------------------------------------------
+
+LITELLM_STATUS="not requested"
+LITELLM_VERSION=""
+LL_PID=""
+LL_KEY=""
+setup_litellm() {
+  local bin=$LITELLM_VENV/bin/litellm
+  if [[ ! -x $bin ]]; then
+    log "LiteLLM: creating a throwaway venv in $LITELLM_VENV and installing '$LITELLM_SPEC' (takes minutes)"
+    if ! { "$PYTHON" -m venv "$LITELLM_VENV" &&
+      "$LITELLM_VENV/bin/pip" install -q --upgrade pip &&
+      "$LITELLM_VENV/bin/pip" install "$LITELLM_SPEC"; } >"$WORK/litellm-install.log" 2>&1; then
+      tail -n 15 "$WORK/litellm-install.log" >&2
+      LITELLM_STATUS="install failed (pip install '$LITELLM_SPEC'; see $WORK/litellm-install.log)"
+      return 1
+    fi
+  fi
+  LITELLM_VERSION=$("$LITELLM_VENV/bin/python" -c \
+    'import importlib.metadata as m; print(m.version("litellm"))' 2>/dev/null || echo unknown)
+  cat >"$WORK/litellm.yaml" <<EOF
+model_list:
+  - model_name: canned
+    litellm_params:
+      model: openai/canned
+      api_base: http://127.0.0.1:$JSON_PORT/v1
+      api_key: sk-bench-dummy
+  - model_name: canned-stream
+    litellm_params:
+      model: openai/canned-stream
+      api_base: http://127.0.0.1:$SSE_PORT/v1
+      api_key: sk-bench-dummy
+litellm_settings:
+  drop_params: true
+  request_timeout: 30
+  json_logs: true
+general_settings:
+  disable_spend_logs: true
+EOF
+  log "LiteLLM $LITELLM_VERSION: litellm --config $WORK/litellm.yaml --port $LL_PORT --num_workers 1"
+  # LiteLLM refuses to start without a master key (and then checks it on every request,
+  # as in any real deployment); no database, so the check is an in-memory compare.
+  # No network fetch of the model cost map, no telemetry, errors only in the log.
+  LL_KEY=sk-bench-$("$PYTHON" -c 'import secrets; print(secrets.token_hex(24))')
+  start litellm "$WORK/litellm.log" env -u DATABASE_URL -u REDIS_URL LITELLM_MASTER_KEY="$LL_KEY" \
+    LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_TELEMETRY_DISABLED=true LITELLM_LOG=ERROR \
+    "$bin" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL_PORT" --num_workers 1
+  LL_PID=$START_PID
+  if ! wait_http "http://127.0.0.1:$LL_PORT/health/liveliness" 180 "$LL_PID"; then
+    tail -n 20 "$WORK/litellm.log" >&2 || true
+    LITELLM_STATUS="did not start (see $WORK/litellm.log)"
+    stop_group "$LL_PID"
+    LL_PID=""
+    return 1
+  fi
+  LITELLM_STATUS="ok"
+  log "LiteLLM up on :$LL_PORT"
+}
+if [[ $USE_LITELLM == 1 ]]; then
+  if ! setup_litellm; then
+    log "WARNING: LiteLLM $LITELLM_STATUS; continuing without it"
+    KEEP=1
+  fi
+fi
+
+# --- targets ------------------------------------------------------------------------------
+
+TARGETS=(direct gateway)
+[[ -n $LL_PID ]] && TARGETS+=(litellm)
+
+# target_url TARGET MODE; target_model TARGET MODE; target_pgid TARGET
+target_url() {
+  case "$1:$2" in
+    direct:nonstream) echo "http://127.0.0.1:$JSON_PORT/v1/chat/completions" ;;
+    direct:stream) echo "http://127.0.0.1:$SSE_PORT/v1/chat/completions" ;;
+    gateway:*) echo "http://127.0.0.1:$GW_PORT/v1/chat/completions" ;;
+    litellm:*) echo "http://127.0.0.1:$LL_PORT/v1/chat/completions" ;;
+  esac
+}
+target_model() { if [[ $2 == stream ]]; then echo canned-stream; else echo canned; fi; }
+target_pgid() {
+  case "$1" in
+    direct) echo "$NGINX_PID" ;;
+    gateway) echo "$GW_PID" ;;
+    litellm) echo "$LL_PID" ;;
+  esac
+}
+target_key() { if [[ $1 == litellm ]]; then echo "$LL_KEY"; else echo sk-bench-dummy; fi; }
+mode_script() { if [[ $1 == stream ]]; then echo "$BENCH_DIR/wrk/chat_stream.lua"; else echo "$BENCH_DIR/wrk/chat.lua"; fi; }
+
+# One request per target and mode with curl: status, completeness and size of the answer.
+: >"$WORK/sanity.jsonl"
+for mode in $MODES; do
+  for target in "${TARGETS[@]}"; do
+    model=$(target_model "$target" "$mode")
+    stream=false
+    [[ $mode == stream ]] && stream=true
+    req="{\"model\":\"$model\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+    out=$WORK/sanity-$target-$mode.out
+    code=$(curl -sS -o "$out" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
+      -H "Authorization: Bearer $(target_key "$target")" \
+      -d "$req" "$(target_url "$target" "$mode")" 2>/dev/null || echo 000)
+    bytes=$(wc -c <"$out" 2>/dev/null || echo 0)
+    if [[ $mode == stream ]]; then
+      events=$(grep -c '^data: ' "$out" || true)
+      usage_chunk=$(grep -c '"choices":\[\],' "$out" || true)
+      complete=$(grep -q '^data: \[DONE\]' "$out" && echo true || echo false)
+    else
+      events=0
+      usage_chunk=0
+      complete=$(grep -q '"choices"' "$out" && echo true || echo false)
+    fi
+    log "check $target $mode: HTTP $code, $bytes bytes, complete=$complete, SSE data lines=$events, usage chunks=$usage_chunk"
+    printf '{"target":"%s","mode":"%s","status":%d,"bytes":%d,"complete":%s,"sse_events":%d,"usage_chunks":%d}\n' \
+      "$target" "$mode" "$code" "$bytes" "$complete" "$events" "$usage_chunk" >>"$WORK/sanity.jsonl"
+    if [[ $code != 200 || $complete != true ]]; then
+      log "ERROR: $target $mode did not answer a complete 200; see $out"
+      FAILED=1
+    fi
+  done
+done
+
+# --- runs ---------------------------------------------------------------------------------
+
+# wrk threads: one by default at every concurrency. On 2 cores a second wrk thread only
+# competes with nginx and the gateway; one thread drives 64 connections at > 80k req/s
+# against nginx. See README ("wrk threads"). Never more threads than connections.
+wrk_threads() { if [[ $1 -lt $WRK_THREADS ]]; then echo "$1"; else echo "$WRK_THREADS"; fi; }
+
+# run_wrk TARGET MODE CONC SECONDS LABEL: prints the BENCH_RESULT JSON (or nothing).
+run_wrk() {
+  local target=$1 mode=$2 conc=$3 secs=$4 label=$5 wlog
+  wlog=$WORK/wrk-$label.log
+  # In the background and waited for, so that a signal reaches the trap at once.
+  BENCH_MODEL=$(target_model "$target" "$mode") BENCH_LABEL=$label BENCH_API_KEY=$(target_key "$target") \
+    "$WRK" -t"$(wrk_threads "$conc")" -c"$conc" -d"${secs}s" --timeout 10s \
+    -s "$(mode_script "$mode")" "$(target_url "$target" "$mode")" >"$wlog" 2>&1 &
+  WRK_PID=$!
+  wait "$WRK_PID" || true
+  WRK_PID=""
+  sed -n 's/^BENCH_RESULT //p' "$wlog" | tail -n 1
+}
+
+# CHILD_MS: CPU ms used so far by this shell's finished children (wrk, mostly), from `times`.
+# (`times` must run in this shell, not in a pipe's subshell, to see those children.)
+children_cpu_ms() {
+  times >"$WORK/times"
+  CHILD_MS=$(awk 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60000 + substr(a[2], 1, length(a[2]) - 1) * 1000 }
+    printf "%d\n", t
+  }' "$WORK/times")
+}
+
+if ((WARMUP_S > 0)); then
+  for target in "${TARGETS[@]}"; do
+    for mode in $MODES; do
+      log "warm-up: $target $mode, ${WARMUP_S}s at c=16"
+      run_wrk "$target" "$mode" 16 "$WARMUP_S" "warmup-$target-$mode" >/dev/null
+    done
+  done
+fi
+
+RUNS=$WORK/runs.jsonl
+: >"$RUNS"
+
+# --profile: py-spy (100 Hz) on every gateway worker during each gateway run (raw stacks, then
+# bench/profile_summary.py). Sampling costs CPU on this small machine, so the numbers of
+# a profiled run are not the ones to quote.
+PROFILE_DIR=${OUT%.json}-profile
+start_profilers() {
+  local label=$1 pids pid secs=$((DURATION_S > 2 ? DURATION_S - 1 : 1))
+  mkdir -p "$PROFILE_DIR"
+  pids=$(ps -e -o pid=,pgid=,comm= | awk -v g="$GW_PID" '$2 == g && $3 != "redis-server" { print $1 }')
+  # With several workers, leave out the supervisor (it only sleeps).
+  [[ $(wc -w <<<"$pids") -gt 1 ]] && pids=$(tr ' ' '\n' <<<"$pids" | grep -vx "$GW_PID")
+  PROFILERS=()
+  for pid in $pids; do
+    "$PY_SPY" record --pid "$pid" --rate 100 --duration "$secs" --format raw \
+      --output "$PROFILE_DIR/$label-$pid.txt" >"$WORK/py-spy-$label-$pid.log" 2>&1 &
+    PROFILERS+=("$!")
+  done
+}
+wait_profilers() {
+  local p
+  for p in "${PROFILERS[@]}"; do wait "$p" || log "WARNING: py-spy failed (see $WORK/py-spy-*.log)"; done
+  PROFILERS=()
+}
+
+# measure TARGET MODE CONC ROUND: one wrk run, with the CPU the processes used meanwhile,
+# appended to $RUNS as one JSON line.
+measure() {
+  local target=$1 mode=$2 conc=$3 round=$4 label pgid result busy
+  local app0 other0 nginx0 mt0 idle0 wrk_ms0 app1 other1 nginx1 mt1 idle1 wrk_ms1
+  label=$target-$mode-c$conc-r$round
+  pgid=$(target_pgid "$target")
+  read -r app0 other0 <<<"$(group_cpu "$pgid")"
+  read -r nginx0 _ <<<"$(group_cpu "$NGINX_PID")"
+  read -r mt0 idle0 <<<"$(machine_ticks)"
+  [[ $PROFILE == 1 && $target == gateway ]] && start_profilers "$label"
+  children_cpu_ms
+  wrk_ms0=$CHILD_MS
+  run_wrk "$target" "$mode" "$conc" "$DURATION_S" "$label" >"$WORK/result.json"
+  children_cpu_ms
+  wrk_ms1=$CHILD_MS
+  [[ $PROFILE == 1 && $target == gateway ]] && wait_profilers
+  read -r app1 other1 <<<"$(group_cpu "$pgid")"
+  read -r nginx1 _ <<<"$(group_cpu "$NGINX_PID")"
+  read -r mt1 idle1 <<<"$(machine_ticks)"
+  result=$(<"$WORK/result.json")
+  if [[ -z $result ]]; then
+    log "ERROR: wrk gave no result for $label (see $WORK/wrk-$label.log)"
+    tail -n 5 "$WORK/wrk-$label.log" >&2 || true
+    FAILED=1
+    result=null
+  fi
+  busy=$(((mt1 - mt0) - (idle1 - idle0)))
+  printf '{"target":"%s","mode":"%s","concurrency":%d,"round":%d,"wrk_threads":%d,"cpu_ticks":{"app":%d,"redis":%d,"nginx":%d,"machine_busy":%d,"machine_total":%d},"wrk_cpu_ms":%d,"wrk":%s}\n' \
+    "$target" "$mode" "$conc" "$round" "$(wrk_threads "$conc")" $((app1 - app0)) $((other1 - other0)) \
+    $((nginx1 - nginx0)) "$busy" $((mt1 - mt0)) $((wrk_ms1 - wrk_ms0)) "$result" >>"$RUNS"
+}
+
+# Targets back to back at each mode and concurrency; with --repeat N, N such rounds,
+# interleaved so that a slow minute of the machine hits every target alike; the report
+# shows medians over the rounds.
+n_modes=$(wc -w <<<"$MODES")
+n_conc=$(wc -w <<<"$CONCURRENCY")
+total_runs=$((n_modes * n_conc * REPEAT * ${#TARGETS[@]}))
+log "measuring: $total_runs runs of ${DURATION_S}s (wrk -t$WRK_THREADS, --timeout 10s)"
+run_no=0
+for mode in $MODES; do
+  for conc in $CONCURRENCY; do
+    for ((round = 1; round <= REPEAT; round++)); do
+      for target in "${TARGETS[@]}"; do
+        run_no=$((run_no + 1))
+        printf '  [%d/%d]' "$run_no" "$total_runs"
+        measure "$target" "$mode" "$conc" "$round"
+        "$PYTHON" "$BENCH_DIR/report.py" line "$RUNS" "$CLK_TCK"
+      done
+    done
+  done
+done
+
+# --- memory, then the report --------------------------------------------------------------
+
+read -r gw_rss gw_redis_rss gw_procs <<<"$(group_rss "$GW_PID")"
+ll_rss=0
+ll_procs=0
+if [[ -n $LL_PID ]]; then read -r ll_rss _ ll_procs <<<"$(group_rss "$LL_PID")"; fi
+
+git_rev=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo none)
+# Read-only: does the working tree differ from that commit in the gateway's code?
+git_dirty=false
+git -C "$REPO_ROOT" diff-index --quiet HEAD -- gateway local_backend 2>/dev/null || git_dirty=true
+cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || echo unknown)
+cat >"$WORK/meta.json" <<EOF
+{
+  "timestamp_utc": "$STAMP",
+  "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
+  "settings": {"workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION"},
+  "machine_busy_before_pct": $BUSY_BEFORE,
+  "litellm_status": "$LITELLM_STATUS",
+  "gateway_warning": "${GW_HEALTHZ_WARNING:-}",
+  "rss_after_kb": {"gateway": $gw_rss, "gateway_processes": $gw_procs, "gateway_embedded_redis": $gw_redis_rss, "litellm": $ll_rss, "litellm_processes": $ll_procs}
+}
+EOF
+
+report_args=(report "$RUNS" "$WORK/meta.json" "$WORK/sanity.jsonl" --out "$OUT")
+[[ -n $BASELINE ]] && report_args+=(--baseline "$BASELINE")
+[[ $STRICT == 1 ]] && report_args+=(--strict)
+rc=0
+"$PYTHON" "$BENCH_DIR/report.py" "${report_args[@]}" || rc=$?
+if [[ $PROFILE == 1 ]] && compgen -G "$PROFILE_DIR/gateway-*-c64-r1-*.txt" >/dev/null; then
+  echo
+  log "profiles (py-spy raw stacks) in $PROFILE_DIR; at c=64:"
+  "$PYTHON" "$BENCH_DIR/profile_summary.py" --top 25 "$PROFILE_DIR"/gateway-*-c64-r1-*.txt |
+    tee "$PROFILE_DIR/summary-c64.txt"
+fi
+log "results: $OUT"
+if [[ $FAILED != 0 && $rc == 0 ]]; then
+  log "some steps failed (see the messages above)"
+  rc=1
+fi
+exit "$rc"
