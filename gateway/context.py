@@ -30,9 +30,9 @@ class RequestContext:
     status: int = 0
     error_code: str | None = None
     first_token_at: float | None = None
-    last_event_at: float | None = None
+    last_chunk_at: float | None = None
     finished_at: float | None = None
-    events: int = 0
+    chunks: int = 0
     usage: dict[str, Any] | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -49,10 +49,10 @@ class RequestContext:
 
     @property
     def itl_ms(self) -> float | None:
-        """Mean gap between streamed events after the first."""
-        if self.first_token_at is None or self.last_event_at is None or self.events < 2:
+        """Mean gap between the streamed chunks (upstream reads carrying events) after the first."""
+        if self.first_token_at is None or self.last_chunk_at is None or self.chunks < 2:
             return None
-        return (self.last_event_at - self.first_token_at) * 1000.0 / (self.events - 1)
+        return (self.last_chunk_at - self.first_token_at) * 1000.0 / (self.chunks - 1)
 
     def usage_int(self, key: str) -> int | None:
         if not self.usage:

@@ -29,7 +29,7 @@ from gateway._model import parse_duration
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
-from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.dispatcher import Dispatcher, OpenStream
 from gateway.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
@@ -43,6 +43,7 @@ from gateway.errors import (
 from gateway.routing.resolve import model_names, resolve
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
+from gateway.telemetry import logging as tlog
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
@@ -125,7 +126,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     except asyncio.CancelledError:
         # The client went away; 499 as nginx logs it.
         ctx.status = 499
-        _finish(request, ctx)
+        if ctx.endpoint.startswith("/v1/"):
+            _finish(request.app, ctx)
         raise
     except Exception:
         _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
@@ -134,19 +136,21 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         resp = error_response(err, ctx)
     if not ctx.status:
         ctx.status = resp.status
-    _finish(request, ctx)
+    if ctx.endpoint.startswith("/v1/"):
+        ctx.finished_at = time.perf_counter()
+        # After this step aiohttp writes the response; the bookkeeping waits for the
+        # next loop turn so it is not on the client's latency path.
+        asyncio.get_running_loop().call_soon(_finish, request.app, ctx)
     return resp
 
 
-def _finish(request: web.Request, ctx: RequestContext) -> None:
-    if not ctx.endpoint.startswith("/v1/"):
-        return
-    ctx.finished_at = time.perf_counter()
+def _finish(app: web.Application, ctx: RequestContext) -> None:
+    if ctx.finished_at is None:
+        ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
-        cachestats.record(request.app[STATS], ctx)
+        cachestats.record(app[STATS], ctx)
     ttft = ctx.ttft_ms
-    _log.info(
-        "request",
+    tlog.request_line(
         request_id=ctx.request_id,
         key_id=ctx.key_id,
         endpoint=ctx.endpoint,
@@ -200,18 +204,28 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
     return handle
 
 
-async def _forward_stream(request: web.Request, ctx: RequestContext, opened: Any) -> web.StreamResponse:
+async def _forward_stream(
+    request: web.Request, ctx: RequestContext, opened: OpenStream
+) -> web.StreamResponse:
     resp = web.StreamResponse(headers={**_route_headers(ctx), **_SSE_HEADERS})
+    # Everything up to [DONE] is written as it arrives; the last bytes go out together
+    # with the end of the response (one write instead of two).
+    tail = b""
     try:
         await resp.prepare(request)
-        await resp.write(opened.first)
+        if opened.scanner.done:
+            tail = opened.first
+        else:
+            await resp.write(opened.first)
         async for out in opened.rest():
-            await resp.write(out)
+            if opened.scanner.done:
+                tail += out
+            else:
+                await resp.write(out)
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
         ctx.error_code = exc.code
-        with contextlib.suppress(ConnectionError):
-            await resp.write(sse_error_event(exc))
+        tail += sse_error_event(exc)
     except ConnectionError:
         ctx.status = 499
         ctx.error_code = "client_disconnected"
@@ -222,7 +236,7 @@ async def _forward_stream(request: web.Request, ctx: RequestContext, opened: Any
             ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
     if ctx.status != 499:
         with contextlib.suppress(ConnectionError):
-            await resp.write_eof()
+            await resp.write_eof(tail)
     return resp
 
 

@@ -109,8 +109,8 @@ class OpenStream:
                 ) from None
             out = scanner.feed(chunk)
             if out:
-                ctx.last_event_at = time.perf_counter()
-                ctx.events = scanner.events
+                ctx.last_chunk_at = time.perf_counter()
+                ctx.chunks = scanner.chunks
                 yield out
         if not scanner.done:
             raise UpstreamError(
@@ -242,8 +242,8 @@ class Dispatcher:
                     code="first_token_timeout" if which == "first_token_s" else "total_timeout",
                 ) from None
             raise
-        ctx.first_token_at = ctx.last_event_at = time.perf_counter()
-        ctx.events = scanner.events
+        ctx.first_token_at = ctx.last_chunk_at = time.perf_counter()
+        ctx.chunks = scanner.chunks
         return OpenStream(ctx, self.pool, upstream, resp, chunks, scanner, first, timeouts, total_deadline)
 
 

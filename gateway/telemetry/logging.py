@@ -1,15 +1,19 @@
 """structlog JSON lines, written by a background thread so the event loop never blocks on stdout.
 
-The queue between the two is bounded: when the output cannot keep up, lines are
-dropped and counted rather than stalling requests or growing memory.
+Lines logged on the event loop are gathered for a few milliseconds and handed to the
+thread as one batch, so the thread wakes a few dozen times a second, not once a
+request. The queue between the two is bounded: when the output cannot keep up, lines
+are dropped and counted rather than stalling requests or growing memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import sys
 import threading
+import time
 from typing import IO, Any
 
 import orjson
@@ -19,18 +23,40 @@ import structlog
 class _QueuedBytesWriter:
     """A file-like object for structlog's BytesLogger that hands lines to a writer thread."""
 
-    def __init__(self, out: IO[bytes], max_lines: int = 10_000) -> None:
+    BATCH_S = 0.02
+    MAX_BATCH = 512
+
+    def __init__(self, out: IO[bytes], max_batches: int = 1_000) -> None:
         self._out = out
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_batches)
+        self._batch: list[bytes] = []
         self.dropped = 0
         self._thread = threading.Thread(target=self._drain, name="switchyard-log", daemon=True)
         self._thread.start()
 
     def write(self, data: bytes) -> None:
         try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._put(data)
+            return
+        batch = self._batch
+        batch.append(data)
+        if len(batch) == 1:
+            loop.call_later(self.BATCH_S, self._hand_off)
+        elif len(batch) >= self.MAX_BATCH:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self._batch:
+            lines, self._batch = self._batch, []
+            self._put(b"".join(lines), len(lines))
+
+    def _put(self, data: bytes, lines: int = 1) -> None:
+        try:
             self._queue.put_nowait(data)
         except queue.Full:
-            self.dropped += 1
+            self.dropped += lines
 
     def flush(self) -> None:
         """Lines are flushed by the writer thread."""
@@ -57,17 +83,21 @@ class _QueuedBytesWriter:
                 return
 
     def close(self, timeout_s: float = 2.0) -> None:
+        self._hand_off()
         self._queue.put(None)
         self._thread.join(timeout_s)
 
 
 _writer: _QueuedBytesWriter | None = None
+_json = False
+_level = logging.INFO
 
 
 def configure(level: str = "info", fmt: str = "json", out: IO[bytes] | None = None) -> None:
     """Set up structlog for the process: JSON lines (default) or a readable console format."""
-    global _writer
+    global _writer, _json, _level
     numeric = logging.getLevelName(level.upper())
+    _json, _level = fmt == "json", numeric
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -91,6 +121,34 @@ def configure(level: str = "info", fmt: str = "json", out: IO[bytes] | None = No
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+
+
+_request_logger = structlog.get_logger("switchyard.request")
+_second = -1
+_second_text = ""
+
+
+def _timestamp() -> str:
+    global _second, _second_text
+    now = time.time()
+    whole = int(now)
+    if whole != _second:
+        _second, _second_text = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{_second_text}.{int((now - whole) * 1_000_000):06d}Z"
+
+
+def request_line(**fields: Any) -> None:
+    """The one line per request. In JSON mode it skips structlog's processor chain (the
+    same shape, a fifth of the cost): it is written for every request."""
+    if _writer is None or not _json:
+        _request_logger.info("request", **fields)
+        return
+    if _level > logging.INFO:
+        return
+    fields["event"] = "request"
+    fields["level"] = "info"
+    fields["timestamp"] = _timestamp()
+    _writer.write(orjson.dumps(fields) + b"\n")
 
 
 def dropped_lines() -> int:

@@ -51,6 +51,7 @@ class OpenAICompatible(Upstream):
             headers["Authorization"] = f"Bearer {key}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
 
     def _get_session(self) -> aiohttp.ClientSession:
         # Created lazily so it binds to the running loop, not to whoever built the pool.
@@ -81,11 +82,13 @@ class OpenAICompatible(Upstream):
         connect_timeout_s: float | None,
     ) -> UpstreamResponse:
         payload = orjson.dumps(dict(body, model=self.upstream_model))
+        timeout = self._timeouts.get(connect_timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[connect_timeout_s] = aiohttp.ClientTimeout(
+                total=None, sock_connect=connect_timeout_s
+            )
         resp = await self._get_session().post(
-            self._base_url + endpoint,
-            data=payload,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+            self._base_url + endpoint, data=payload, headers=headers, timeout=timeout
         )
         return _Response(resp)
 

@@ -20,7 +20,10 @@ def test_client_errors_are_relayed_with_their_fields() -> None:
     assert isinstance(err, UpstreamStatusError)
     assert err.status == 400
     assert err.to_dict()["error"] == {
-        "message": "too long", "type": "invalid_request_error", "param": None, "code": "context_length_exceeded",
+        "message": "too long",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
     }
 
 
@@ -33,8 +36,12 @@ def test_upstream_auth_failure_is_a_gateway_fault_not_the_clients() -> None:
 
 @pytest.mark.parametrize(
     ("status", "kind", "expected"),
-    [(500, UpstreamError, 502), (502, UpstreamError, 502), (503, UpstreamUnavailableError, 503),
-     (504, UpstreamTimeoutError, 504)],
+    [
+        (500, UpstreamError, 502),
+        (502, UpstreamError, 502),
+        (503, UpstreamUnavailableError, 503),
+        (504, UpstreamTimeoutError, 504),
+    ],
 )
 def test_upstream_failures(status: int, kind: type, expected: int) -> None:
     err = status_error("d", status, b"oops", {})

@@ -69,7 +69,7 @@ def test_durations_accept_units() -> None:
 
 
 def test_deployment_timeout_overrides_one_by_one_and_null_removes_a_bound() -> None:
-    text = GOOD.replace('model: small}', 'model: small, timeouts: {idle_s: null, connect_s: 1}}')
+    text = GOOD.replace("model: small}", "model: small, timeouts: {idle_s: null, connect_s: 1}}")
     policy = parse_policy(text + "\ndispatch: {timeouts: {first_token_s: 3}}\n", "p")
     t = policy.timeouts_for("gpt-fast")
     assert (t.connect_s, t.first_token_s, t.idle_s, t.total_s) == (1, 3, None, 600)
@@ -88,8 +88,12 @@ def test_env_interpolation() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["policies/default.yaml", "policies/examples/vllm-local.yaml", "policies/examples/mixed.yaml",
-     "gateway/embedded_policy.yaml"],
+    [
+        "policies/default.yaml",
+        "policies/examples/vllm-local.yaml",
+        "policies/examples/mixed.yaml",
+        "gateway/embedded_policy.yaml",
+    ],
 )
 def test_shipped_policies_are_valid(path: str) -> None:
     load_policy(ROOT / path)

@@ -11,7 +11,10 @@ def error_of(body: dict) -> InvalidRequestError:
 
 
 def test_valid_request_with_unknown_fields_passes() -> None:
-    validate(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "foo": {"x": 1}})
+    validate(
+        ChatCompletionRequest,
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "foo": {"x": 1}},
+    )
 
 
 def test_missing_parameter_is_named() -> None:
@@ -21,10 +24,12 @@ def test_missing_parameter_is_named() -> None:
 
 
 def test_wrong_type_is_named_with_its_index() -> None:
-    assert error_of({"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "robot"}]}).param == (
-        "messages[1].role"
+    assert error_of(
+        {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "robot"}]}
+    ).param == ("messages[1].role")
+    assert (
+        error_of({"model": "m", "messages": [{"role": "user", "content": 5}]}).param == "messages[0].content"
     )
-    assert error_of({"model": "m", "messages": [{"role": "user", "content": 5}]}).param == "messages[0].content"
     assert error_of({"model": "m", "messages": [{"role": "user"}], "max_tokens": "10"}).param == "max_tokens"
     assert error_of({"model": "m", "messages": [{"role": "user"}], "temperature": 3}).param == "temperature"
     assert error_of({"model": "", "messages": [{"role": "user"}]}).param == "model"

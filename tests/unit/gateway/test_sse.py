@@ -12,16 +12,22 @@ def chunk(content: str, usage: object = "absent", choices: bool = True, model: s
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13, "prompt_tokens_details": {"cached_tokens": 0}}
+USAGE = {
+    "prompt_tokens": 10,
+    "completion_tokens": 3,
+    "total_tokens": 13,
+    "prompt_tokens_details": {"cached_tokens": 0},
+}
 
 
 def test_events_split_across_reads_are_forwarded_whole() -> None:
     scanner = StreamScanner()
     stream = chunk("Hel") + chunk("lo") + b"data: [DONE]\n\n"
-    out = b"".join(scanner.feed(stream[i : i + 7]) for i in range(0, len(stream), 7))
-    assert out == stream
+    outs = [scanner.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)]
+    assert b"".join(outs) == stream
     assert scanner.done
-    assert scanner.events == 3
+    # A chunk is an upstream read that completed at least one event.
+    assert scanner.chunks == sum(1 for out in outs if out) == 3
 
 
 def test_partial_event_is_held_back_until_complete() -> None:
@@ -75,3 +81,11 @@ def test_error_event_is_noticed(event: bytes) -> None:
     assert scanner.feed(event) == event
     assert scanner.error is not None
     assert scanner.error["message"] == "boom"
+
+
+def test_usage_and_done_are_found_at_the_end_of_a_large_block() -> None:
+    scanner = StreamScanner(strip_usage=True)
+    content = b"".join(chunk(f"t{i}", usage=None) for i in range(40))
+    out = scanner.feed(content + chunk("", usage=USAGE, choices=False) + b"data: [DONE]\n\n")
+    assert out == content + b"data: [DONE]\n\n"
+    assert scanner.usage == USAGE and scanner.done
