@@ -113,10 +113,17 @@ def _register_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=sim.run)
 
 
+def _register_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from local_backend.cli import register
+
+    register(sub)
+
+
 REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _register_serve,
     _register_policy,
     _register_sim,
+    _register_local,
 ]
 
 

@@ -18,15 +18,25 @@ T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 
 
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved once in the parent: the child (between fork and exec, possibly forked from a
+# threaded process) then only calls a function pointer, never dlopen.
+_PRCTL = _load_prctl()
+
+
 def child_preexec() -> None:
     """In the child, before exec: die with SIGTERM when the parent dies (Linux), so no
-    orphaned Redis or simulator outlives a gateway killed with SIGKILL."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            pass
+    orphaned Redis, simulator or vLLM outlives a gateway killed with SIGKILL."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

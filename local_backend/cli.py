@@ -1,0 +1,70 @@
+"""``switchyard local serve CONFIG.yaml``: start and supervise vLLM replicas on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import structlog
+
+from local_backend.vllm_backend import LaunchError, Supervisor, load_launch_file, plan_replicas
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``switchyard local ...`` to the CLI."""
+    p = sub.add_parser("local", help="run local GPU model servers (vLLM)")
+    lsub = p.add_subparsers(dest="local_command", required=True)
+    serve = lsub.add_parser(
+        "serve",
+        help="start vllm serve replicas from a launch config and keep them running",
+        description="Start the vLLM replicas a launch config describes (one per GPU set and port), "
+        "wait for /health, restart them when they die, drain them on SIGTERM/SIGINT.",
+    )
+    serve.add_argument("config", help="YAML mapping of launch knobs (see README 'Local GPU backend')")
+    serve.add_argument("--name", default="vllm", help="name used in logs (default vllm)")
+    serve.add_argument(
+        "--dry-run", action="store_true", help="print each replica's command line and exit without starting"
+    )
+    serve.add_argument(
+        "--log-format", choices=["json", "console"], help="SWITCHYARD_LOG_FORMAT, default json"
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.config import Settings
+    from gateway.telemetry import logging as tlog
+
+    try:
+        launch = load_launch_file(args.config)
+        plans = plan_replicas(launch, args.name)
+    except LaunchError as exc:
+        print(f"switchyard local serve: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for plan in plans:
+            print(plan.command_line())
+        return 0
+    settings = Settings.from_env(log_format=args.log_format)
+    tlog.configure(settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(_serve(Supervisor({args.name: launch})))
+    finally:
+        tlog.shutdown()
+
+
+async def _serve(supervisor: Supervisor) -> int:
+    log = structlog.get_logger("switchyard.vllm")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await supervisor.start()
+    for name, plans in supervisor.plans.items():
+        log.info("local_serve_started", deployment=name, urls=[p.base_url for p in plans])
+    await stop.wait()
+    log.info("local_serve_stopping")
+    await supervisor.stop()
+    return 0
