@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, field_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from gateway._model import Issue, StrictModel
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
+from local_backend.vllm_backend import VllmLaunch
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +58,22 @@ class Deployment(StrictModel):
         description="The `model` field clients see: the upstream's, this deployment's name, "
         "or the name the client asked for.",
     )
+    launch: VllmLaunch | None = Field(
+        None, description="Start and supervise `vllm serve` for this deployment (provider vllm)."
+    )
+    replicas: ReplicaSetPolicy | None = Field(
+        None, description="Several vLLM replicas of this model, and how requests are spread over them."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_defaults(cls, data: Any) -> Any:
+        return fill_replica_defaults(data)
+
+    @model_validator(mode="after")
+    def _replicas_coherent(self) -> Deployment:
+        check_replicas(self)
+        return self
 
     @field_validator("base_url")
     @classmethod
@@ -138,6 +156,7 @@ class Policy(StrictModel):
         for alias, target in self.aliases.items():
             if target not in self.deployments and target not in self.tiers:
                 found.append(Issue(loc=("aliases", alias), message=f"unknown deployment or tier '{target}'"))
+        found.extend(launch_issues(self.deployments))
         if self.routing.default_tier not in self.tiers:
             found.append(
                 Issue(loc=("routing", "default_tier"), message=f"unknown tier '{self.routing.default_tier}'")

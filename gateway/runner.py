@@ -15,12 +15,16 @@ import subprocess
 import sys
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import structlog
 
 from gateway.config import PolicyHolder, Settings
 from gateway.procutil import child_preexec, free_port, run_async, wait_http_ok
 from gateway.store.embedded import EmbeddedRedis
+
+if TYPE_CHECKING:
+    from local_backend.vllm_backend import SupervisorThread
 
 _log = structlog.get_logger("switchyard")
 _WORKER_ENV = "SWITCHYARD_WORKER_SETTINGS"
@@ -81,16 +85,39 @@ def serve(settings: Settings) -> int:
             os.environ["SWITCHYARD_SIM_URL"] = sim.base_url
             _log.info("embedded_simulator", base_url=sim.base_url)
         holder = PolicyHolder(settings.policy)
+        supervisor = _start_launches(stack, holder)
         if settings.workers == 1:
-            return _serve_one(settings, holder)
+            return _serve_one(settings, holder, supervisor=supervisor)
         return _serve_workers(settings)
     return 0  # pragma: no cover - the with block always returns
 
 
-def _serve_one(settings: Settings, holder: PolicyHolder | None, reuse_port: bool = False) -> int:
+def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> SupervisorThread | None:
+    """Start the vLLM servers the policy's ``launch:`` blocks ask for (in this, the parent,
+    process: with --workers every worker routes to them, none starts its own). They are
+    read once, at start; they stop, drained, when the gateway stops."""
+    from gateway.replicas.status import launches_of
+
+    launches = launches_of(holder.current)
+    if not launches:
+        return None
+    from local_backend.vllm_backend import SupervisorThread
+
+    return stack.enter_context(SupervisorThread(launches))
+
+
+def _serve_one(
+    settings: Settings,
+    holder: PolicyHolder | None,
+    reuse_port: bool = False,
+    supervisor: SupervisorThread | None = None,
+) -> int:
+    from gateway.replicas.status import SUPERVISOR
     from gateway.server import create_app, serve
 
     app = create_app(settings, holder)
+    if supervisor is not None:
+        app[SUPERVISOR] = supervisor
     run_async(serve(app, settings.host, settings.port, reuse_port=reuse_port))
     return 0
 

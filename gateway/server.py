@@ -40,6 +40,7 @@ from gateway.errors import (
     SwitchyardError,
     sse_error_event,
 )
+from gateway.replicas.status import SUPERVISOR, readiness, replica_status
 from gateway.routing.resolve import model_names, resolve
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
@@ -294,7 +295,13 @@ async def readyz(request: web.Request) -> web.Response:
             await request.app[REDIS].ping()
     except Exception:
         redis_ok = False
-    body = {"status": "ready", "policy": _policy_status(request.app[POLICY]), "redis": redis_ok}
+    holder = request.app[POLICY]
+    body = {
+        "status": "ready",
+        "policy": _policy_status(holder),
+        "redis": redis_ok,
+        "replicas": readiness(request.app[POOL], list(holder.current.policy.deployments)),
+    }
     return json_response(body)
 
 
@@ -364,6 +371,13 @@ async def admin_stats(request: web.Request) -> web.Response:
     return json_response(body)
 
 
+async def admin_replicas(request: web.Request) -> web.Response:
+    """Replica-backed deployments: readiness, routing counts and the figures scraped from vLLM."""
+    require_admin(request)
+    deployments = list(request.app[POLICY].current.policy.deployments)
+    return json_response(replica_status(request.app[POOL], deployments, request.app.get(SUPERVISOR)))
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -405,6 +419,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app.router.add_get("/admin/policy", admin_policy)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/stats", admin_stats)
+    app.router.add_get("/admin/replicas", admin_replicas)
     return app
 
 

@@ -15,9 +15,17 @@ __all__ = ["PROVIDERS", "Upstream", "UpstreamPool", "UpstreamResponse"]
 
 _log = structlog.get_logger("switchyard.upstream")
 
+
+def _vllm(name: str, deployment: Deployment) -> Upstream:
+    # Imported here: gateway.replicas.upstream itself imports this package.
+    from gateway.replicas.upstream import vllm_upstream
+
+    return vllm_upstream(name, deployment)
+
+
 PROVIDERS: dict[str, Callable[[str, Deployment], Upstream]] = {
     "openai": OpenAICompatible,
-    "vllm": OpenAICompatible,
+    "vllm": _vllm,
 }
 """Provider name (a deployment's ``provider``) -> client factory."""
 

@@ -47,6 +47,11 @@ class Upstream(ABC):
         self.deployment = deployment
         self.upstream_model = deployment.model or name
 
+    @property
+    def ready(self) -> bool:
+        """Whether requests can be sent now (a launched vLLM still loading its model cannot)."""
+        return True
+
     @abstractmethod
     async def send(
         self,
