@@ -4,9 +4,10 @@ A request's stable-prefix hash (the part of the prompt that repeats across reque
 tools and leading system messages) picks a point on a hash ring; the first replica
 clockwise whose load is under the bound takes it (Mirrokni, Thorup, Zadimoghaddam,
 "Consistent Hashing with Bounded Loads", 2018). The bound is
-``ceil(load_factor * (total load + 1) / replicas)``, so a hot prefix fills its home
-replica up to the bound and then spills to the next replica on the ring, which then
-holds that prefix's KV cache as well. Adding or removing a replica moves only the
+``ceil(load_factor * (total load + 1) / replicas) + load_slack``, so a hot prefix fills
+its home replica up to the bound and then spills to the next replica on the ring, which
+then holds that prefix's KV cache as well (the slack keeps small absolute imbalances,
+where a cache miss costs more than the wait, at home). Adding or removing a replica moves only the
 prefixes that hashed to it. A request without a stable prefix goes to the least-loaded
 replica.
 
@@ -115,6 +116,7 @@ def choose(
     key: int | None,
     load_factor: float,
     tie_break: int = 0,
+    load_slack: float = 0.0,
 ) -> Choice | None:
     """The replica for a request with stable-prefix hash ``key`` (``None``: no prefix), among
     the ``eligible`` ones; ``None`` when none is eligible. ``tie_break`` rotates among
@@ -124,7 +126,7 @@ def choose(
         return None
     if key is not None:
         total = math.fsum(loads[i] for i in candidates) + 1.0
-        bound = math.ceil(load_factor * total / len(candidates))
+        bound = math.ceil(load_factor * total / len(candidates)) + load_slack
         first = True
         for index in ring.walk(key):
             if not eligible[index]:

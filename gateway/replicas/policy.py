@@ -23,8 +23,10 @@ class ReplicaSetPolicy(StrictModel):
       ``launch:`` the URLs come from the launch (port, port + 1, ...) and this stays empty.
     - ``prefix_affinity``: requests that share a stable prefix go to the replica that
       served it (consistent hashing with bounded load); off: always the least-loaded one.
-    - ``load_factor``: no replica takes more than ``load_factor`` x the mean load (in
-      requests running + waiting), so one hot prefix cannot overload one replica.
+    - ``load_factor`` and ``load_slack``: a replica takes a request only while its load (requests
+      running + waiting) stays within ``load_factor`` x the mean load + ``load_slack``, so one
+      hot prefix cannot overload one replica; the slack keeps a prefix at home while the
+      absolute imbalance is a few requests (a cache miss costs more than that).
     - ``health_interval_s`` / ``metrics_interval_s``: how often each replica's ``/health``
       and ``/metrics`` are read; ``probe_timeout_s`` bounds each read.
     - ``unhealthy_after``: failed health checks in a row before a replica is skipped
@@ -34,6 +36,7 @@ class ReplicaSetPolicy(StrictModel):
     urls: list[str] = Field(default_factory=list, description="Base URLs of replicas run elsewhere.")
     prefix_affinity: bool = True
     load_factor: float = Field(1.25, gt=1.0, le=100.0)
+    load_slack: int = Field(4, ge=0, le=10_000)
     health_interval_s: Seconds = Field(2.0, gt=0)
     metrics_interval_s: Seconds = Field(2.0, gt=0)
     probe_timeout_s: Seconds = Field(1.0, gt=0)

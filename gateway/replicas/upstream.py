@@ -291,7 +291,9 @@ class ReplicaSetUpstream(Upstream):
         while True:
             eligible = [r.healthy and r.index not in tried for r in self.replicas]
             loads = [r.load(self._stale_after_s) for r in self.replicas]
-            picked = choose(self.ring, loads, eligible, key, self.policy.load_factor, next(self._ties))
+            picked = choose(
+                self.ring, loads, eligible, key, self.policy.load_factor, next(self._ties), self.policy.load_slack
+            )
             if picked is None:
                 raise self._unavailable()
             replica = self.replicas[picked.index]
@@ -333,6 +335,7 @@ class ReplicaSetUpstream(Upstream):
             "healthy_replicas": sum(r.healthy for r in self.replicas),
             "prefix_affinity": self.policy.prefix_affinity,
             "load_factor": self.policy.load_factor,
+            "load_slack": self.policy.load_slack,
             "prefix_cache_hit_rate": hits / queries if queries else None,
             "replicas": replicas,
         }

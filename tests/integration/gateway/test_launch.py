@@ -1,0 +1,133 @@
+"""A policy deployment with ``launch:``: the gateway starts vLLM (the fake, on PATH), does not route
+to it until /health answers, supervises it, and drains it on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.procutil import free_port
+from tests.fixtures.fakevllm import FakeVllm
+from tests.helpers import GatewayProcess, http_json
+
+
+def launch_policy(port: int, extra: str = "") -> str:
+    return f"""
+deployments:
+  local-8b:
+    provider: vllm
+    model: llama-8b
+    launch:
+      model: org/Llama-8B
+      port: {port}
+      replicas: 2
+      gpus: [0, 1]
+      max_num_seqs: 16
+      health_interval_s: 0.2
+      restart_backoff_s: 0.2
+{extra}
+    replicas: {{health_interval_s: 0.2, metrics_interval_s: 0.2}}
+tiers:
+  fast: [local-8b]
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def replicas_state(gw: GatewayProcess) -> dict[str, Any]:
+    state: dict[str, Any] = http_json("GET", gw.url + "/readyz")["replicas"]["local-8b"]
+    return state
+
+
+def wait_for(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(tmp_path: Path, make_gateway: Any) -> None:
+    fake = FakeVllm(tmp_path)
+    fake.control({"start_delay_s": 2.0})
+    port = free_port()
+    gw = make_gateway(launch_policy(port), env=fake.env)
+    with openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client:
+        # Loading: the deployment is known but not ready, and says so.
+        assert replicas_state(gw) == {"ready": False, "healthy": 0, "replicas": 2}
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "hi"}])
+        assert info.value.status_code == 503 and "is not ready" in info.value.message
+        wait_for(lambda: replicas_state(gw)["healthy"] == 2)
+        reply = client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content
+        assert reply.model == "llama-8b"
+    launches = sorted(fake.launches(), key=lambda r: r["port"])
+    assert [r["port"] for r in launches] == [port, port + 1]
+    assert [r["cuda_visible_devices"] for r in launches] == ["0", "1"]
+    argv = launches[0]["argv"]
+    assert argv[:2] == ["serve", "org/Llama-8B"]
+    assert argv[argv.index("--served-model-name") + 1] == "llama-8b"
+    assert "--enable-prompt-tokens-details" in argv and "--enable-prefix-caching" in argv
+    admin = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local-8b"]
+    processes = admin["processes"]
+    assert [p["state"] for p in processes] == ["ready", "ready"]
+    assert [p["pid"] for p in processes] == [r["pid"] for r in launches]
+    assert gw.stop() == 0
+    assert not any(alive(r["pid"]) for r in launches)  # drained and gone with the gateway
+    lines = [json.loads(line) for line in gw.log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "vllm_output" and "Shutdown complete" in line.get("line", "") for line in lines)
+    assert any(line.get("event") == "vllm_stopped" for line in lines)
+
+
+def test_gateway_restarts_a_launched_replica_that_dies(tmp_path: Path, make_gateway: Any) -> None:
+    fake = FakeVllm(tmp_path)
+    port = free_port()
+    fake.control({"ports": {str(port + 1): {"crash_after_s": 0.5, "crash_launches": 1}}})
+    gw = make_gateway(launch_policy(port), env=fake.env)
+
+    def restarted() -> bool:
+        processes = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local-8b"]["processes"]
+        return processes[1]["restarts"] == 1 and processes[1]["state"] == "ready"
+
+    wait_for(restarted)
+    wait_for(lambda: replicas_state(gw)["healthy"] == 2)
+    assert len([r for r in fake.launches() if r["port"] == port + 1]) == 2
+    gw.wait_log(lambda line: line.get("event") == "vllm_exited" and line.get("exit_code") == 3)
+
+
+def test_a_launch_this_machine_cannot_satisfy_stops_the_gateway_with_the_reason(
+    tmp_path: Path, redis_url: str
+) -> None:
+    fake = FakeVllm(tmp_path)
+    policy = launch_policy(free_port(), "      api_key_env: NOT_SET_ANYWHERE_42")
+    gw = GatewayProcess(policy, redis_url=redis_url, workdir=tmp_path, env=fake.env)
+    with pytest.raises(RuntimeError, match="gateway did not start") as info:
+        gw.start()
+    assert "deployments.local-8b.launch: launch.api_key_env names NOT_SET_ANYWHERE_42, which is not set" in str(
+        info.value
+    )
+    assert fake.launches() == []
+
+
+def test_workers_share_one_set_of_launched_replicas(tmp_path: Path, make_gateway: Any) -> None:
+    fake = FakeVllm(tmp_path)
+    port = free_port()
+    gw = make_gateway(launch_policy(port), env=fake.env, args=["--workers", "2"])
+    wait_for(lambda: replicas_state(gw)["healthy"] == 2)
+    assert len(fake.launches()) == 2  # started by the parent once, not per worker
+    pids = [r["pid"] for r in fake.launches()]
+    gw.stop(signal.SIGTERM)
+    assert not any(alive(pid) for pid in pids)

@@ -1,0 +1,196 @@
+"""Routing across vLLM replicas through the gateway: several simulators stand in for the replicas
+(each its own prefix cache and /metrics), the official SDK is the client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.helpers import GatewayProcess, SimServer, http_json
+
+SYSTEMS = [f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[list[SimServer]]:
+    servers = [SimServer("--model", "llama:2:1", "--output-tokens", "4") for _ in range(3)]
+    for server in servers:
+        server.__enter__()
+    yield servers
+    for server in servers:
+        server.__exit__()
+
+
+@pytest.fixture()
+def fresh(replicas: list[SimServer]) -> list[SimServer]:
+    for server in replicas:
+        server.reset()
+    return replicas
+
+
+def replica_policy(servers: list[SimServer], extra: str = "") -> str:
+    urls = ", ".join(f'"{s.base_url}"' for s in servers)
+    return f"""
+deployments:
+  local:
+    provider: vllm
+    model: llama
+    replicas:
+      urls: [{urls}]
+      health_interval_s: 0.2
+      metrics_interval_s: 0.2
+{extra}
+tiers:
+  fast: [local]
+"""
+
+
+def client(gw: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=30)
+
+
+def ask(c: openai.OpenAI, system: str, user: str, request_id: str) -> Any:
+    return c.chat.completions.create(
+        model="fast",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        extra_headers={"x-request-id": request_id},
+    )
+
+
+def where_did_they_go(servers: list[SimServer]) -> dict[str, int]:
+    """x-request-id -> index of the simulator that served it."""
+    out = {}
+    for index, server in enumerate(servers):
+        for entry in server.stats()["recent"]:
+            out[entry["x-request-id"]] = index
+    return out
+
+
+def wait_ready(gw: GatewayProcess, healthy: int, timeout_s: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = http_json("GET", gw.url + "/readyz")
+        state = body["replicas"].get("local", {})
+        if state.get("healthy") == healthy:
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)
+
+
+def test_requests_that_share_a_system_prompt_stay_on_one_replica(fresh: list[SimServer], make_gateway: Any) -> None:
+    gw = make_gateway(replica_policy(fresh))
+    wait_ready(gw, 3)
+    with client(gw) as c:
+        replies = {}
+        for round_ in range(5):
+            for p, system in enumerate(SYSTEMS):
+                replies[f"p{p}-r{round_}"] = ask(c, system, f"question {round_} about {p}", f"p{p}-r{round_}")
+    served = where_did_they_go(fresh)
+    homes = {p: {served[f"p{p}-r{r}"] for r in range(5)} for p in range(len(SYSTEMS))}
+    assert all(len(home) == 1 for home in homes.values()), homes  # each prefix kept its replica
+    assert len({next(iter(h)) for h in homes.values()}) >= 2  # and the prefixes spread over replicas
+    for p in range(len(SYSTEMS)):
+        for r in range(1, 5):  # after the first, every request found its prefix cached
+            assert replies[f"p{p}-r{r}"].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_without_affinity_requests_go_to_the_least_loaded_replica(fresh: list[SimServer], make_gateway: Any) -> None:
+    gw = make_gateway(replica_policy(fresh, "      prefix_affinity: false"))
+    wait_ready(gw, 3)
+    with client(gw) as c:
+        for r in range(6):
+            ask(c, SYSTEMS[0], f"q{r}", f"q{r}")
+    served = where_did_they_go(fresh)
+    assert Counter(served[f"q{r}"] for r in range(6)) == {0: 2, 1: 2, 2: 2}  # equal loads: rotated
+
+
+def test_a_hot_prefix_spills_over_to_other_replicas_under_load(replicas: list[SimServer], make_gateway: Any) -> None:
+    slow = [SimServer("--model", "llama:5:25", "--output-tokens", "20") for _ in range(3)]
+    for server in slow:
+        server.__enter__()
+    try:
+        gw = make_gateway(replica_policy(slow, "      load_slack: 0\n      metrics_interval_s: 30"))
+        wait_ready(gw, 3)
+        with client(gw) as c, concurrent.futures.ThreadPoolExecutor(24) as pool:
+            list(pool.map(lambda i: ask(c, SYSTEMS[1], f"q{i}", f"hot{i}"), range(24)))
+        served = Counter(where_did_they_go(slow).values())
+        assert len(served) >= 2, served  # not all on the prefix's home replica
+        assert max(served.values()) <= 10, served  # ceil(1.25 x 24 / 3): the bound held
+    finally:
+        for server in slow:
+            server.__exit__()
+
+
+def test_a_replica_that_goes_down_is_routed_around(make_gateway: Any) -> None:
+    servers = [SimServer("--model", "llama:2:1", "--output-tokens", "4") for _ in range(2)]
+    for server in servers:
+        server.__enter__()
+    try:
+        gw = make_gateway(replica_policy(servers))
+        wait_ready(gw, 2)
+        servers[0].__exit__()  # replica 0 dies; the gateway has not noticed yet
+        with client(gw) as c:
+            for i in range(8):
+                assert ask(c, SYSTEMS[i % 4], "hi", f"d{i}").choices[0].message.content
+        assert {entry["x-request-id"] for entry in servers[1].stats()["recent"]} >= {f"d{i}" for i in range(8)}
+        status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]
+        assert [r["healthy"] for r in status["replicas"]] == [False, True]
+        assert "cannot connect" in status["replicas"][0]["last_error"]
+        assert wait_ready(gw, 1)["replicas"]["local"] == {"ready": True, "healthy": 1, "replicas": 2}
+    finally:
+        servers[1].__exit__()
+
+
+def test_no_healthy_replica_means_not_ready_and_a_clear_503(make_gateway: Any) -> None:
+    from gateway.procutil import free_port
+
+    urls = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+    policy = f"""
+deployments:
+  local:
+    provider: vllm
+    model: llama
+    replicas: {{urls: {urls}, health_interval_s: 0.2}}
+tiers: {{fast: [local]}}
+""".replace("'", '"')
+    gw = make_gateway(policy)
+    body = wait_ready(gw, 0)
+    assert body["status"] == "ready"  # the gateway itself serves; the deployment does not
+    assert body["replicas"]["local"] == {"ready": False, "healthy": 0, "replicas": 2}
+    with client(gw) as c, pytest.raises(openai.APIStatusError) as info:
+        c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 503
+    assert info.value.code == "upstream_unavailable"
+    assert "deployment 'local' is not ready: 0 of 2 replicas answer /health (cannot connect" in info.value.message
+
+
+def test_admin_replicas_shows_what_vllm_reports(fresh: list[SimServer], make_gateway: Any) -> None:
+    gw = make_gateway(replica_policy(fresh))
+    wait_ready(gw, 3)
+    with client(gw) as c:
+        for r in range(4):
+            ask(c, SYSTEMS[2], f"q{r}", f"a{r}")
+    deadline = time.monotonic() + 10
+    while True:
+        status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]
+        busy = [r for r in status["replicas"] if (r["metrics"] or {}).get("prefix_cache_hits_tokens")]
+        if busy and busy[0]["window"] and busy[0]["window"]["prefix_cache_hits_tokens"]:
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    replica = busy[0]
+    assert replica["routed"] == 4 and replica["routed_by"]["home"] == 4
+    metrics = replica["metrics"]
+    assert metrics["metric_names"]["prefix_cache_queries"] == "vllm:prefix_cache_queries_total"
+    assert metrics["metric_names"]["kv_cache_usage"] == "vllm:kv_cache_usage_perc"
+    assert 0 < metrics["prefix_cache_hit_rate"] < 1  # the first request missed, the others hit
+    assert metrics["ttft_count"] == 4
+    assert replica["window"]["prefix_cache_hit_rate"] > 0
+    assert status["ready"] is True and status["healthy_replicas"] == 3 and status["prefix_cache_hit_rate"] > 0
+    assert status["load_factor"] == 1.25 and status["load_slack"] == 4
