@@ -292,7 +292,13 @@ class ReplicaSetUpstream(Upstream):
             eligible = [r.healthy and r.index not in tried for r in self.replicas]
             loads = [r.load(self._stale_after_s) for r in self.replicas]
             picked = choose(
-                self.ring, loads, eligible, key, self.policy.load_factor, next(self._ties), self.policy.load_slack
+                self.ring,
+                loads,
+                eligible,
+                key,
+                self.policy.load_factor,
+                next(self._ties),
+                self.policy.load_slack,
             )
             if picked is None:
                 raise self._unavailable()
