@@ -1,16 +1,36 @@
-"""Redis: the connection every replica shares, and the embedded server for zero setup."""
+"""Redis: the connection every replica shares, and the embedded server for zero setup.
+
+``connect`` takes ``redis://``, ``rediss://`` and ``unix://`` URLs for one server, and
+``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster (redis-py's
+``RedisCluster``; the nodes after ``//`` are where discovery starts, e.g.
+``redis+cluster://:pw@redis-0:6379,redis-1:6379``).
+
+Cluster caveat for code that writes to Redis: a non-transactional pipeline may mix keys
+of any slot (the client splits it per node, as ``StatsWriter`` and ``cachestats`` rely
+on), but MULTI/EXEC, Lua scripts and multi-key commands (``MGET``, ``RENAME`` ...) need
+all their keys in one slot: put the shared part of such keys in a ``{hash tag}``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-__all__ = ["connect"]
+__all__ = ["CLUSTER_SCHEMES", "connect", "is_cluster_url"]
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
 
 
 def connect(url: str, **options: Any) -> aioredis.Redis:
-    """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs.
+    """A client for ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs.
 
     Timeouts are short on purpose: a slow Redis must cost a request nothing, so stats
     writes give up quickly and are counted as dropped.
@@ -18,5 +38,36 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
     options.setdefault("socket_timeout", 1.0)
     options.setdefault("socket_connect_timeout", 1.0)
     options.setdefault("health_check_interval", 15)
+    if is_cluster_url(url):
+        return _connect_cluster(url, **options)
     client: aioredis.Redis = aioredis.from_url(url, **options)
     return client
+
+
+def _connect_cluster(url: str, **options: Any) -> aioredis.Redis:
+    parts = urlsplit(url)
+    auth, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = auth.partition(":")
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = port, "6379"
+        try:
+            nodes.append(ClusterNode(host.strip("[]"), int(port or 6379)))
+        except ValueError:
+            raise ValueError(f"bad Redis Cluster node {item!r} in {parts.scheme}:// URL") from None
+    if not nodes or not nodes[0].host:
+        raise ValueError(f"a {parts.scheme}:// URL needs at least one host:port")
+    if parts.path not in ("", "/", "/0"):
+        raise ValueError("Redis Cluster has only database 0")
+    cluster = RedisCluster(
+        startup_nodes=nodes,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        ssl=parts.scheme.lower() == "rediss+cluster",
+        **options,
+    )
+    # RedisCluster speaks the commands the gateway uses (pipelines, hashes, PING, ...);
+    # it is typed as a Redis client so the stores need no union.
+    return cast(aioredis.Redis, cluster)

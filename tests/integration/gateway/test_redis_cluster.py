@@ -1,0 +1,135 @@
+"""Redis Cluster: a real three-node cluster (redis-server --cluster-enabled yes), the stats
+pipelines spanning its slots, and the gateway counting into it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from gateway import cachestats
+from gateway.context import RequestContext
+from gateway.procutil import free_port
+from gateway.store import connect, is_cluster_url
+from gateway.store.embedded import find_redis_server
+from gateway.store.writer import StatsWriter
+from tests.helpers import GatewayProcess, SimServer, http_json, sim_policy
+
+SLOTS = 16384
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """Three masters, no replicas, every slot assigned (CLUSTER ADDSLOTS + MEET, as
+    ``redis-cli --cluster create`` does)."""
+    binary = find_redis_server()
+    ports = [free_port() for _ in range(3)]
+    procs = []
+    for port in ports:
+        workdir = tmp_path_factory.mktemp(f"cluster-{port}")
+        procs.append(
+            subprocess.Popen(
+                [
+                    binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                    "--cluster-config-file", str(workdir / "nodes.conf"), "--dir", str(workdir),
+                    "--save", "", "--appendonly", "no", "--loglevel", "warning",
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+    try:
+        clients = [redis.Redis(port=port) for port in ports]
+        for client in clients:
+            _wait(lambda c=client: _pings(c))
+        bounds = [0, SLOTS // 3, 2 * SLOTS // 3, SLOTS]
+        for i, client in enumerate(clients):
+            client.execute_command("CLUSTER ADDSLOTS", *range(bounds[i], bounds[i + 1]))
+        for port in ports[1:]:
+            clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+        for client in clients:
+            _wait(lambda c=client: c.execute_command("CLUSTER INFO")["cluster_state"] == "ok", 30)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _wait(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "redis cluster did not come up"
+        time.sleep(0.05)
+
+
+def test_cluster_urls_are_recognised() -> None:
+    assert is_cluster_url("redis+cluster://a:1,b:2")
+    assert is_cluster_url("rediss+cluster://:pw@a:1")
+    assert not is_cluster_url("redis://a:1") and not is_cluster_url("unix:///tmp/r.sock")
+    with pytest.raises(ValueError, match="only database 0"):
+        connect("redis+cluster://127.0.0.1:7000/3")
+    with pytest.raises(ValueError, match="bad Redis Cluster node"):
+        connect("redis+cluster://127.0.0.1:notaport")
+
+
+def test_stats_pipelines_span_the_clusters_slots(cluster: list[int]) -> None:
+    deployments = [f"dep-{i}" for i in range(12)]
+    sync = RedisCluster(host="127.0.0.1", port=cluster[0])
+    sync.flushall()
+
+    async def main() -> dict[str, dict[str, float]]:
+        client = connect(f"redis+cluster://127.0.0.1:{cluster[1]},127.0.0.1:{cluster[2]}")
+        writer = StatsWriter(client)
+        for name in deployments:
+            ctx = RequestContext(request_id="r", endpoint="/v1/chat/completions", snapshot=None)  # type: ignore[arg-type]
+            ctx.deployment, ctx.status = name, 200
+            ctx.usage = {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}}
+            cachestats.record(writer, ctx)
+        await writer.flush()
+        assert writer.written > 0 and writer.dropped == 0
+        assert await client.ping()
+        totals = await cachestats.usage(client, deployments, 3600)
+        await client.aclose()
+        return totals
+
+    totals = asyncio.run(main())
+    assert all(totals[name]["requests"] == 1 and totals[name]["cached_tokens"] == 64 for name in deployments)
+    # The keys really live on different nodes: one pipeline crossed slots.
+    nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:usage:*")}
+    assert len(nodes) >= 2
+    sync.close()
+
+
+def test_the_gateway_counts_into_a_redis_cluster(cluster: list[int], tmp_path: Path, sim: SimServer) -> None:
+    url = f"redis+cluster://127.0.0.1:{cluster[0]}"
+    gw = GatewayProcess(sim_policy(sim.base_url), redis_url=url, workdir=tmp_path, flush_redis=False).start()
+    try:
+        assert http_json("GET", gw.url + "/readyz")["redis"] is True
+        with openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as c:
+            for _ in range(3):
+                c.chat.completions.create(model="sim-strong", messages=[{"role": "user", "content": "hi"}])
+        deadline = time.monotonic() + 10
+        while True:
+            stats = http_json("GET", gw.url + "/admin/stats?since=5m")
+            if stats["deployments"]["sim-strong"]["requests"] >= 3:
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.1)
+        assert stats["stats_writes"]["dropped"] == 0
+    finally:
+        gw.stop()
