@@ -4,6 +4,7 @@ pipelines spanning its slots, and the gateway counting into it."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     """Three masters, no replicas, every slot assigned (CLUSTER ADDSLOTS + MEET, as
     ``redis-cli --cluster create`` does)."""
     binary = find_redis_server()
-    ports = [free_port() for _ in range(3)]
+    ports = [_cluster_port() for _ in range(3)]
     procs = []
     for port in ports:
         workdir = tmp_path_factory.mktemp(f"cluster-{port}")
@@ -61,6 +62,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
         for proc in procs:
             proc.terminate()
             proc.wait(10)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and below 65536 too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def _pings(client: redis.Redis) -> bool:
