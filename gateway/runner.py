@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from gateway.config import PolicyHolder, Settings
+from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.procutil import child_preexec, free_port, run_async, wait_http_ok
 from gateway.store.embedded import EmbeddedRedis
 
@@ -103,6 +103,13 @@ def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> Superv
         return None
     from local_backend.vllm_backend import SupervisorThread
 
+    def on_reload(snapshot: PolicySnapshot) -> None:
+        now = {n: d.launch for n, d in snapshot.policy.deployments.items() if d.launch is not None}
+        if now != launches:
+            changed = sorted(set(now) ^ set(launches) | {n for n in now if launches.get(n) != now[n]})
+            _log.warning("launch_changed_restart_required", deployments=changed)
+
+    holder.on_change(on_reload)
     return stack.enter_context(SupervisorThread(launches))
 
 

@@ -114,3 +114,16 @@ def test_the_schema_describes_launch_and_replicas() -> None:
     deployment = schema["$defs"]["Deployment"]["properties"]
     assert "launch" in deployment and "replicas" in deployment
     assert "max_num_seqs" in schema["$defs"]["VllmLaunch"]["properties"]
+
+
+def test_the_shipped_launch_example_is_valid() -> None:
+    from gateway.config import load_policy
+    from local_backend.vllm_backend import plan_replicas
+    from tests.helpers import ROOT
+
+    found = load_policy(ROOT / "policies/examples/vllm-launch.yaml", env={})
+    fast, strong = found.deployments["local-8b"], found.deployments["local-70b"]
+    assert fast.launch is not None and strong.launch is not None
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan_replicas(fast.launch, "local-8b", {})] == ["0", "1"]
+    assert plan_replicas(strong.launch, "local-70b", {})[0].env["CUDA_VISIBLE_DEVICES"] == "2,3,4,5"
+    assert strong.launch.startup_timeout_s == 1800
