@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import PolicySnapshot
+from gateway.dispatch.policy import Timeouts
 
 
 @dataclass(slots=True)
@@ -27,6 +28,9 @@ class RequestContext:
     deployment: str | None = None
     stream: bool = False
     attempts: int = 0
+    hedged: bool = False
+    fallback_tier: str | None = None
+    timeout_override: Timeouts | None = None
     status: int = 0
     error_code: str | None = None
     first_token_at: float | None = None

@@ -35,6 +35,8 @@ class SwitchyardError(Exception):
         self.param = param
         self.code = code if code is not None else self.default_code
         self.headers: dict[str, str] = dict(headers or {})
+        self.upstream_status: int | None = None
+        """The upstream's HTTP status when this error stands for one."""
 
     def to_dict(self) -> dict[str, Any]:
         """The error as OpenAI's JSON object."""
@@ -175,7 +177,7 @@ class UpstreamStatusError(SwitchyardError):
             code=_str_or_none(parsed.get("code")),
             headers=headers,
         )
-        self.status = status
+        self.status = self.upstream_status = status
         self.upstream_type = _str_or_none(parsed.get("type"))
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,14 +116,18 @@ class Policy(StrictModel):
     )
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
     dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
-    _timeouts: dict[str, Timeouts] = PrivateAttr(default_factory=dict)
+    _timeouts: dict[tuple[str, str | None], Timeouts] = PrivateAttr(default_factory=dict)
 
-    def timeouts_for(self, deployment: str) -> Timeouts:
-        """The timeouts that bound an attempt on ``deployment``: its own, then the policy's, then defaults."""
-        found = self._timeouts.get(deployment)
+    def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:
+        """The timeouts of an attempt on ``deployment`` for ``tier``: the deployment's own, the
+        tier's, the policy's, then the defaults."""
+        found = self._timeouts.get((deployment, tier))
         if found is None:
             base = self.dispatch.timeouts.over(DEFAULT_TIMEOUTS)
-            found = self._timeouts[deployment] = self.deployments[deployment].timeouts.over(base)
+            tier_timeouts = self.dispatch.tier_timeouts.get(tier) if tier else None
+            if tier_timeouts is not None:
+                base = tier_timeouts.over(base)
+            found = self._timeouts[deployment, tier] = self.deployments[deployment].timeouts.over(base)
         return found
 
     def issues(self) -> list[Issue]:
@@ -157,6 +161,19 @@ class Policy(StrictModel):
             if target not in self.deployments and target not in self.tiers:
                 found.append(Issue(loc=("aliases", alias), message=f"unknown deployment or tier '{target}'"))
         found.extend(launch_issues(self.deployments))
+        for tier, chain in self.dispatch.fallback.items():
+            if tier not in self.tiers:
+                found.append(Issue(loc=("dispatch", "fallback", tier), message=f"unknown tier '{tier}'"))
+            for i, target in enumerate(chain):
+                if target not in self.tiers:
+                    found.append(
+                        Issue(loc=("dispatch", "fallback", tier, i), message=f"unknown tier '{target}'")
+                    )
+        found.extend(
+            Issue(loc=("dispatch", "tier_timeouts", tier), message=f"unknown tier '{tier}'")
+            for tier in self.dispatch.tier_timeouts
+            if tier not in self.tiers
+        )
         if self.routing.default_tier not in self.tiers:
             found.append(
                 Issue(loc=("routing", "default_tier"), message=f"unknown tier '{self.routing.default_tier}'")

@@ -30,6 +30,7 @@ from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, Embed
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream
+from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
@@ -41,7 +42,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
-from gateway.routing.resolve import model_names, resolve
+from gateway.routing.resolve import Route, model_names, resolve
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
@@ -76,7 +77,9 @@ def json_response(obj: Any, status: int = 200) -> web.Response:
 
 
 def error_response(exc: SwitchyardError, ctx: RequestContext | None = None) -> web.Response:
-    headers = dict(exc.headers)
+    # The gateway has already retried what was worth retrying: the SDKs must not add a
+    # second layer of retries on top (the official openai SDK obeys this header).
+    headers = {**exc.headers, "x-should-retry": "false"}
     if ctx is not None:
         headers.update(_route_headers(ctx))
     return web.Response(
@@ -91,6 +94,10 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-attempts"] = str(ctx.attempts)
     if ctx.route_reason is not None:
         headers["x-switchyard-route"] = ctx.route_reason
+    if ctx.fallback_tier is not None:
+        headers["x-switchyard-fallback"] = ctx.fallback_tier
+    if ctx.hedged:
+        headers["x-switchyard-hedged"] = "true"
     return headers
 
 
@@ -184,15 +191,22 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _prepare(ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]) -> Route:
+    """Validate and route a request body."""
+    validate(schema, body)
+    ctx.requested_model = body["model"]
+    route = resolve(ctx.snapshot.policy, body["model"])
+    ctx.tier = route.tier
+    ctx.route_reason = route.header()
+    return route
+
+
 def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         ctx: RequestContext = request[CTX]
         body = await _read_json(request)
-        validate(schema, body)
-        ctx.requested_model = body["model"]
-        route = resolve(ctx.snapshot.policy, body["model"])
-        ctx.tier = route.tier
-        ctx.route_reason = route.header()
+        ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
+        route = _prepare(ctx, schema, body)
         dispatcher = request.app[DISPATCHER]
         if not (streamable and body.get("stream") is True):
             result = await dispatcher.unary(ctx, route, endpoint, body)
@@ -203,6 +217,43 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
         return await _forward_stream(request, ctx, await dispatcher.open_stream(ctx, route, endpoint, body))
 
     return handle
+
+
+async def fanout(request: web.Request) -> web.Response:
+    """``POST /v1/fanout``: chat completions run concurrently; results in input order."""
+    parent: RequestContext = request[CTX]
+    spec = parse_fanout(await _read_json(request))
+    override = timeout_override(request.headers.get("x-switchyard-timeout"))
+    dispatcher = request.app[DISPATCHER]
+
+    async def one(index: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        ctx = RequestContext(
+            request_id=f"{parent.request_id}.{index}",
+            endpoint="/v1/chat/completions",
+            snapshot=parent.snapshot,
+            key_id=parent.key_id,
+            timeout_override=override,
+        )
+        try:
+            if body.get("stream") is True:
+                raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
+            route = _prepare(ctx, ChatCompletionRequest, body)
+            result = await dispatcher.unary(ctx, route, "/chat/completions", body)
+        except SwitchyardError as exc:
+            ctx.status, ctx.error_code = exc.status, exc.code
+            return exc.status, _route_headers(ctx), exc.to_json()
+        except asyncio.CancelledError:
+            ctx.status, ctx.error_code = 504, "fanout_item_timeout"
+            raise
+        finally:
+            if not ctx.status:
+                ctx.status = 200
+            ctx.finished_at = time.perf_counter()
+            _finish(request.app, ctx)
+        return 200, _route_headers(ctx), result.body
+
+    results = await run_fanout(spec, one)
+    return web.Response(body=results, content_type="application/json", headers=_route_headers(parent))
 
 
 async def _forward_stream(
@@ -378,6 +429,12 @@ async def admin_replicas(request: web.Request) -> web.Response:
     return json_response(replica_status(request.app[POOL], deployments, request.app.get(SUPERVISOR)))
 
 
+async def admin_dispatch(request: web.Request) -> web.Response:
+    """Circuit states per deployment, retry/hedge/fallback counters and the budgets."""
+    require_admin(request)
+    return json_response(request.app[DISPATCHER].status())
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -386,11 +443,18 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         raise RuntimeError("no Redis URL: the CLI starts an embedded Redis when none is configured")
     app[REDIS] = connect(redis_url)
     app[STATS] = StatsWriter(app[REDIS])
-    app[POOL].update(holder.current.policy)
-    holder.on_change(lambda snap: app[POOL].update(snap.policy))
+    dispatcher = app[DISPATCHER]
+
+    def apply(snapshot: PolicySnapshot) -> None:
+        app[POOL].update(snapshot.policy)
+        dispatcher.configure(snapshot.policy)
+
+    apply(holder.current)
+    holder.on_change(apply)
     tasks = [
         asyncio.create_task(holder.watch(settings.reload_interval_s), name="policy-watch"),
         asyncio.create_task(app[STATS].run(), name="stats-writer"),
+        asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
     ]
     yield
     for task in tasks:
@@ -420,6 +484,8 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/stats", admin_stats)
     app.router.add_get("/admin/replicas", admin_replicas)
+    app.router.add_get("/admin/dispatch", admin_dispatch)
+    app.router.add_post("/v1/fanout", fanout)
     return app
 
 

@@ -1,360 +1,357 @@
-"""Dispatch: send a routed request to a deployment, bounded by the policy's timeouts.
+"""Dispatch: run a routed request as attempts on deployments until one answers.
 
-Every failure is turned into a :class:`~gateway.errors.SwitchyardError` whose ``code``
-says what went wrong (``connect_failed``, ``first_token_timeout``, ``idle_timeout`` ...),
-so the client, the log line and the metrics all see the same reason.
+The candidates are the route's deployments in order, then those of the tier's fallback
+tiers. An attempt that fails before any byte went to the client is retried, if its
+reason is in ``retries.retry_on``, the retry budget allows it and attempts are left:
+on the next candidate not yet tried, else on one already tried after an exponential
+backoff with full jitter (or its Retry-After, up to a cap). A deployment whose circuit
+is open, or that is not ready, is skipped. With hedging on, a slow attempt gets a
+parallel twin on the next candidate; the first to deliver wins and the other is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import contextlib
+import math
+import random
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
-import orjson
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from gateway.context import RequestContext
-from gateway.dispatch.policy import Timeouts
-from gateway.errors import (
-    RateLimitError,
-    SwitchyardError,
-    UpstreamError,
-    UpstreamStatusError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
-)
-from gateway.policy import Deployment
+from gateway.dispatch.attempt import OpenStream, UnaryResult, stream_attempt, unary_attempt
+from gateway.dispatch.budget import Budget, LatencyWindow
+from gateway.dispatch.circuit import Breakers
+from gateway.dispatch.policy import HedgePolicy, Timeouts
+from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
+from gateway.policy import Policy
 from gateway.routing.resolve import Route
-from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
-from gateway.upstream.sse import StreamScanner
+from gateway.upstream import Upstream, UpstreamPool
+
+__all__ = ["Dispatcher", "OpenStream", "UnaryResult", "failure_reason"]
+
+T = TypeVar("T")
+Attempt = Callable[[Upstream, Timeouts], Awaitable[T]]
+
+# Reasons that say the deployment is unwell (counted against its circuit). A client's
+# 4xx, or a 429 (alive, just busy), are not.
+_UNWELL = frozenset(
+    {
+        "connect",
+        "connect_timeout",
+        "first_token_timeout",
+        "total_timeout",
+        "idle_timeout",
+        "upstream_disconnected",
+        "stream_incomplete",
+        "malformed_chunk",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+_CODE_REASON = {"connect_failed": "connect", "upstream_unavailable": "503"}
+
+
+def failure_reason(exc: SwitchyardError) -> str:
+    """The retry/circuit reason of a failed attempt: the upstream's status, or the error code."""
+    if exc.upstream_status is not None:
+        return str(exc.upstream_status)
+    code = exc.code or ""
+    return _CODE_REASON.get(code, code)
+
+
+def tighten(timeouts: Timeouts, request: Timeouts | None) -> Timeouts:
+    """``timeouts`` with each bound the request set lowered to it (a client can shorten, never lengthen)."""
+    if request is None:
+        return timeouts
+    update: dict[str, float] = {}
+    for name in request.model_fields_set:
+        value = getattr(request, name)
+        current = getattr(timeouts, name)
+        if value is not None and (current is None or value < current):
+            update[name] = value
+    return timeouts.model_copy(update=update) if update else timeouts
 
 
 @dataclass(slots=True)
-class UnaryResult:
-    """A whole (non-stream) answer, ready to forward."""
+class _Candidate:
+    name: str
+    tier: str | None
+    fallback: bool
 
-    body: bytes
-    content_type: str
 
+@dataclass(slots=True)
+class _Run:
+    """The state of one request's attempts."""
 
-class OpenStream:
-    """A stream whose first event arrived; nothing has been sent to the client yet.
-
-    ``first`` is the first complete event(s); :meth:`rest` yields the remaining bytes
-    and raises a :class:`SwitchyardError` if the stream stalls, breaks or ends early.
-    """
-
-    __slots__ = (
-        "_chunks",
-        "_ctx",
-        "_pool",
-        "_resp",
-        "_timeouts",
-        "_total_deadline",
-        "first",
-        "scanner",
-        "upstream",
-    )
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        pool: UpstreamPool,
-        upstream: Upstream,
-        resp: UpstreamResponse,
-        chunks: AsyncIterator[bytes],
-        scanner: StreamScanner,
-        first: bytes,
-        timeouts: Timeouts,
-        total_deadline: float | None,
-    ) -> None:
-        self._ctx = ctx
-        self._pool = pool
-        self.upstream = upstream
-        self._resp = resp
-        self._chunks = chunks
-        self.scanner = scanner
-        self.first = first
-        self._timeouts = timeouts
-        self._total_deadline = total_deadline
-
-    async def rest(self) -> AsyncIterator[bytes]:
-        ctx, scanner, idle_s = self._ctx, self.scanner, self._timeouts.idle_s
-        loop = asyncio.get_running_loop()
-        name = self.upstream.name
-        while True:
-            deadline = _earliest(self._total_deadline, loop.time() + idle_s if idle_s else None)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await anext(self._chunks)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                if self._total_deadline is not None and loop.time() >= self._total_deadline:
-                    raise UpstreamTimeoutError(
-                        f"deployment '{name}' did not finish within total_s={self._timeouts.total_s}",
-                        code="total_timeout",
-                    ) from None
-                raise UpstreamTimeoutError(
-                    f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream",
-                    code="idle_timeout",
-                ) from None
-            except aiohttp.ClientError as exc:
-                raise UpstreamError(
-                    f"deployment '{name}' broke the stream: {_describe(exc)}", code="upstream_disconnected"
-                ) from None
-            out = scanner.feed(chunk)
-            if out:
-                ctx.last_chunk_at = time.perf_counter()
-                ctx.chunks = scanner.chunks
-                yield out
-        if not scanner.done:
-            raise UpstreamError(
-                f"deployment '{name}' ended the stream before it finished", code="stream_incomplete"
-            )
-
-    def close(self) -> None:
-        """Return the connection if the stream was read to its end, else drop it."""
-        if self.scanner.done and not self.scanner.pending:
-            self._resp.release()
-        else:
-            self._resp.close()
-        self._pool.release(self.upstream)
+    candidates: list[_Candidate]
+    tries: dict[str, int] = field(default_factory=dict)
+    cooling_until: dict[str, float] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
 
 
 class Dispatcher:
-    """Runs attempts on the deployments a route names."""
+    """Runs attempts on the deployments a route names; holds the circuits and budgets."""
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
+        self.breakers = Breakers()
+        self.retry_budget = Budget(0.2, 1.0, 10.0)
+        self.hedge_budget = Budget(0.1, 0.0, 10.0)
+        self._latency: dict[tuple[str, bool], LatencyWindow] = {}
+        self.counters: dict[str, int] = {
+            "retries": 0,
+            "retries_refused_by_budget": 0,
+            "fallbacks": 0,
+            "hedges": 0,
+            "hedges_won": 0,
+        }
 
-    def _begin(self, ctx: RequestContext, route: Route) -> tuple[Upstream, Timeouts]:
-        name = route.deployments[0]
+    def configure(self, policy: Policy) -> None:
+        """Apply a (re)loaded policy's dispatch section."""
+        dispatch = policy.dispatch
+        self.breakers.configure(dispatch.circuit)
+        self.breakers.watch(list(policy.deployments))
+        budget = dispatch.retries.budget
+        self.retry_budget.configure(budget.ratio, budget.min_per_s, budget.window_s)
+        self.hedge_budget.configure(dispatch.hedge.budget_ratio, 0.0, budget.window_s)
+
+    def available(self, name: str) -> bool:
+        """Whether routing may choose ``name`` now: its circuit is not open and it is ready."""
+        if self.breakers.is_open(name):
+            return False
         try:
-            upstream = self.pool.acquire(name)
+            return self.pool.get(name).ready
         except KeyError:
-            raise UpstreamUnavailableError(f"deployment '{name}' is not available") from None
-        ctx.deployment = name
-        ctx.attempts += 1
-        return upstream, ctx.snapshot.policy.timeouts_for(name)
+            return False
 
-    def _headers(self, ctx: RequestContext) -> dict[str, str]:
-        return {"x-request-id": ctx.request_id}
+    def status(self) -> dict[str, Any]:
+        return {
+            "circuits": self.breakers.status(),
+            "counters": dict(self.counters),
+            "retry_budget": {"spent": self.retry_budget.spent, "refused": self.retry_budget.refused},
+            "hedge_budget": {"spent": self.hedge_budget.spent, "refused": self.hedge_budget.refused},
+        }
 
     async def unary(
         self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
     ) -> UnaryResult:
-        """Send a non-stream request and read the whole answer."""
-        upstream, timeouts = self._begin(ctx, route)
-        try:
-            async with asyncio.timeout(timeouts.total_s) as scope:
-                try:
-                    resp = await upstream.send(
-                        endpoint, body, headers=self._headers(ctx), connect_timeout_s=timeouts.connect_s
-                    )
-                    try:
-                        data = await resp.read()
-                    except BaseException:
-                        resp.close()
-                        raise
-                    resp.release()
-                except TimeoutError:
-                    if scope.expired():
-                        raise
-                    raise _connect_timeout(upstream.name, timeouts) from None
-                except aiohttp.ClientError as exc:
-                    raise _client_error(upstream.name, exc) from None
-        except TimeoutError:
-            raise UpstreamTimeoutError(
-                f"deployment '{upstream.name}' did not answer within total_s={timeouts.total_s}",
-                code="total_timeout",
-            ) from None
-        finally:
-            self.pool.release(upstream)
-        if resp.status >= 400:
-            raise status_error(upstream.name, resp.status, data, resp.headers)
-        content_type = resp.headers.get("Content-Type", "application/json")
-        if content_type.startswith("application/json"):
-            data = _read_usage_and_rewrite(ctx, upstream.deployment, data)
-        return UnaryResult(body=data, content_type=content_type)
+        """A non-stream request, answered whole."""
+
+        async def attempt(upstream: Upstream, timeouts: Timeouts) -> UnaryResult:
+            return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
+
+        return await self._run(ctx, route, attempt, stream=False)
 
     async def open_stream(
         self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
     ) -> OpenStream:
-        """Send a stream request and wait for its first event (bounded by ``first_token_s``)."""
-        upstream, timeouts = self._begin(ctx, route)
-        deployment = upstream.deployment
-        strip_usage = False
-        if deployment.stream_usage and not _wants_usage(body):
-            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-            strip_usage = True
-        scanner = StreamScanner(
-            strip_usage=strip_usage,
-            model_from=upstream.upstream_model if deployment.response_model != "upstream" else None,
-            model_to=_shown_model(ctx, deployment, upstream.name),
-        )
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        total_deadline = start + timeouts.total_s if timeouts.total_s else None
-        first_deadline = _earliest(
-            total_deadline, start + timeouts.first_token_s if timeouts.first_token_s else None
-        )
-        resp: UpstreamResponse | None = None
-        try:
-            async with asyncio.timeout_at(first_deadline) as scope:
-                try:
-                    resp = await upstream.send(
-                        endpoint, body, headers=self._headers(ctx), connect_timeout_s=timeouts.connect_s
-                    )
-                    if resp.status >= 400:
-                        data = await resp.read()
-                        raise status_error(upstream.name, resp.status, data, resp.headers)
-                    chunks = resp.iter_chunks()
-                    first = b""
-                    while not first:
-                        try:
-                            chunk = await anext(chunks)
-                        except StopAsyncIteration:
-                            raise UpstreamError(
-                                f"deployment '{upstream.name}' closed the stream before its first event",
-                                code="stream_incomplete",
-                            ) from None
-                        first = scanner.feed(chunk)
-                except TimeoutError:
-                    if scope.expired():
-                        raise
-                    raise _connect_timeout(upstream.name, timeouts) from None
-                except aiohttp.ClientError as exc:
-                    raise _client_error(upstream.name, exc) from None
-        except BaseException as exc:
-            if resp is not None:
-                resp.close()
-            self.pool.release(upstream)
-            if isinstance(exc, TimeoutError):
-                which = "total_s" if first_deadline == total_deadline else "first_token_s"
-                limit = timeouts.total_s if which == "total_s" else timeouts.first_token_s
-                raise UpstreamTimeoutError(
-                    f"deployment '{upstream.name}' sent no first token within {which}={limit}",
-                    code="first_token_timeout" if which == "first_token_s" else "total_timeout",
-                ) from None
-            raise
+        """A stream request, returned once its first event arrived (nothing sent to the client yet)."""
+
+        async def attempt(upstream: Upstream, timeouts: Timeouts) -> OpenStream:
+            return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
+
+        opened = await self._run(ctx, route, attempt, stream=True)
+        name = opened.upstream.name
+        opened.on_error = lambda exc: self.breakers.record(name, failure_reason(exc) not in _UNWELL)
         ctx.first_token_at = ctx.last_chunk_at = time.perf_counter()
-        ctx.chunks = scanner.chunks
-        return OpenStream(ctx, self.pool, upstream, resp, chunks, scanner, first, timeouts, total_deadline)
+        ctx.chunks = opened.scanner.chunks
+        return opened
 
+    def _candidates(self, policy: Policy, route: Route) -> list[_Candidate]:
+        out = [_Candidate(name, route.tier, False) for name in route.deployments]
+        seen = set(route.deployments)
+        if route.tier is not None:
+            for tier in policy.dispatch.fallback.get(route.tier, ()):
+                for member in policy.tiers.get(tier, ()):
+                    if member.deployment not in seen:
+                        seen.add(member.deployment)
+                        out.append(_Candidate(member.deployment, tier, True))
+        return out
 
-def _earliest(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
+    async def _run(self, ctx: RequestContext, route: Route, attempt: Attempt[T], stream: bool) -> T:
+        policy = ctx.snapshot.policy
+        retries = policy.dispatch.retries
+        run = _Run(self._candidates(policy, route))
+        self.retry_budget.note_request()
+        self.hedge_budget.note_request()
+        last: SwitchyardError | None = None
+        extra = 0
+        while True:
+            picked = self._pick(run, retries.backoff.base_s, retries.backoff.max_s)
+            if picked is None:
+                if last is not None:
+                    raise last
+                why = "; ".join(f"{c.name} {self._unavailable_because(c.name)}" for c in run.candidates)
+                raise UpstreamUnavailableError(f"no deployment can take the request now: {why}")
+            candidate, wait_s = picked
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            try:
+                return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
+            except SwitchyardError as exc:
+                last = exc
+                reason = failure_reason(exc)
+                if reason not in retries.retry_on or extra >= retries.max:
+                    raise
+                if isinstance(exc, RateLimitError) and exc.retry_after_s is not None:
+                    # Honour Retry-After for that deployment; one that asks for longer than the
+                    # cap is not waited for (another deployment may answer, else the 429 goes out).
+                    wait = exc.retry_after_s
+                    run.cooling_until[candidate.name] = (
+                        math.inf if wait > retries.retry_after_cap_s else time.monotonic() + wait
+                    )
+                if not self.retry_budget.try_spend():
+                    self.counters["retries_refused_by_budget"] += 1
+                    raise
+                extra += 1
+                self.counters["retries"] += 1
 
-
-def _wants_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-def _shown_model(ctx: RequestContext, deployment: Deployment, name: str) -> str | None:
-    if deployment.response_model == "deployment":
-        return name
-    if deployment.response_model == "requested":
-        return ctx.requested_model
-    return None
-
-
-def _read_usage_and_rewrite(ctx: RequestContext, deployment: Deployment, data: bytes) -> bytes:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return data
-    if not isinstance(obj, dict):
-        return data
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        ctx.usage = usage
-    shown = _shown_model(ctx, deployment, ctx.deployment or "")
-    if shown is not None and "model" in obj:
-        obj["model"] = shown
-        return orjson.dumps(obj)
-    return data
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _connect_timeout(name: str, timeouts: Timeouts) -> UpstreamTimeoutError:
-    return UpstreamTimeoutError(
-        f"deployment '{name}' could not be reached within connect_s={timeouts.connect_s}",
-        code="connect_timeout",
-    )
-
-
-def _client_error(name: str, exc: aiohttp.ClientError) -> SwitchyardError:
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamError(
-            f"cannot connect to deployment '{name}': {_describe(exc)}", code="connect_failed"
+    def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
+        """The next candidate and how long to wait first: an untried one at once, else the
+        least-tried one after its backoff (or Retry-After)."""
+        now = time.monotonic()
+        fresh = [c for c in run.candidates if c.name not in run.tries and c.name not in run.running]
+        for candidate in fresh:
+            if self._admit(candidate.name):
+                return candidate, 0.0
+        tried = sorted(
+            (c for c in run.candidates if c.name in run.tries and c.name not in run.running),
+            key=lambda c: run.tries[c.name],
         )
-    return UpstreamError(f"deployment '{name}' failed: {_describe(exc)}", code="upstream_disconnected")
+        for candidate in tried:
+            cooling = run.cooling_until.get(candidate.name, 0.0)
+            if cooling == math.inf or not self._admit(candidate.name):
+                continue
+            backoff = random.uniform(0.0, min(max_s, base_s * 2 ** (run.tries[candidate.name] - 1)))
+            return candidate, max(backoff, cooling - now)
+        return None
 
-
-def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Seconds from a ``Retry-After`` (delta-seconds or HTTP date) or ``retry-after-ms`` header."""
-    ms = headers.get("retry-after-ms")
-    if ms:
+    def _unavailable_because(self, name: str) -> str:
         try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("Retry-After")
-    if not value:
+            if not self.pool.get(name).ready:
+                return "is not ready"
+        except KeyError:
+            return "is not configured"
+        return "has its circuit open"
+
+    def _admit(self, name: str) -> bool:
+        try:
+            ready = self.pool.get(name).ready
+        except KeyError:
+            return False
+        return ready and self.breakers.available(name)
+
+    async def _one(
+        self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
+    ) -> T:
+        name = candidate.name
+        run.tries[name] = run.tries.get(name, 0) + 1
+        run.running.add(name)
+        ctx.attempts += 1
+        ctx.deployment = name
+        if candidate.fallback and ctx.fallback_tier is None:
+            ctx.fallback_tier = candidate.tier
+            self.counters["fallbacks"] += 1
+        timeouts = tighten(ctx.snapshot.policy.timeouts_for(name, candidate.tier), ctx.timeout_override)
+        started = time.perf_counter()
+        try:
+            try:
+                upstream = self.pool.acquire(name)
+            except KeyError:
+                raise UpstreamUnavailableError(f"deployment '{name}' is not available") from None
+            result = await attempt(upstream, timeouts)
+        except SwitchyardError as exc:
+            self.breakers.record(name, failure_reason(exc) not in _UNWELL)
+            raise
+        except asyncio.CancelledError:
+            self.breakers.abandon(name)
+            raise
+        finally:
+            run.running.discard(name)
+        self.breakers.record(name, True)
+        self._window(name, stream).add(time.perf_counter() - started)
+        return result
+
+    def _window(self, name: str, stream: bool) -> LatencyWindow:
+        window = self._latency.get((name, stream))
+        if window is None:
+            window = self._latency[name, stream] = LatencyWindow()
+        return window
+
+    def _hedge_delay(self, name: str, hedge: HedgePolicy, stream: bool) -> float:
+        if hedge.after_s != "p95":
+            return float(hedge.after_s)
+        p95 = self._window(name, stream).p95()
+        return max(hedge.min_after_s, p95 if p95 is not None else hedge.default_after_s)
+
+    async def _attempt_hedged(
+        self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
+    ) -> T:
+        hedge = ctx.snapshot.policy.dispatch.hedge
+        if not hedge.enabled:
+            return await self._one(ctx, run, candidate, attempt, stream)
+        delay = self._hedge_delay(candidate.name, hedge, stream)
+        first = asyncio.ensure_future(self._one(ctx, run, candidate, attempt, stream))
+        owners: dict[asyncio.Future[T], _Candidate] = {first: candidate}
+        pending: set[asyncio.Future[T]] = {first}
+        extra = 0
+        last: BaseException | None = None
+        try:
+            while pending:
+                can_hedge = extra < hedge.max_extra
+                done, pending = await asyncio.wait(
+                    pending, timeout=delay if can_hedge else None, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    twin = self._hedge_candidate(run)
+                    if twin is None or not self.hedge_budget.try_spend():
+                        extra = hedge.max_extra  # no twin to start: wait for what runs
+                        continue
+                    extra += 1
+                    ctx.hedged = True
+                    self.counters["hedges"] += 1
+                    twin_task = asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream))
+                    owners[twin_task] = twin
+                    pending.add(twin_task)
+                    continue
+                winners = [t for t in done if t.exception() is None]
+                for fut in done:
+                    if fut.exception() is not None:
+                        last = fut.exception()
+                if winners:
+                    for other in winners[1:]:
+                        _discard(other.result())
+                    won = owners[winners[0]]
+                    ctx.deployment = won.name
+                    if won is not candidate:
+                        self.counters["hedges_won"] += 1
+                    return winners[0].result()
+            assert last is not None
+            raise last
+        finally:
+            for fut in pending:
+                fut.cancel()
+            for result in await asyncio.gather(*pending, return_exceptions=True):
+                _discard(result)
+
+    def _hedge_candidate(self, run: _Run) -> _Candidate | None:
+        for candidate in run.candidates:
+            if (
+                candidate.name not in run.tries
+                and candidate.name not in run.running
+                and self._admit(candidate.name)
+            ):
+                return candidate
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
-def status_error(name: str, status: int, body: bytes, headers: Mapping[str, str]) -> SwitchyardError:
-    """Map an upstream's error status to what the client should see.
-
-    The client's own mistakes (400, 413, 422 ...) are relayed as the upstream said them;
-    the gateway's configuration faults (401/403/404 from the upstream) and upstream
-    failures become 502/503/504, so a client never blames its own key for ours.
-    """
-    relayed = UpstreamStatusError(status, body)
-    detail = relayed.message
-    if status == 429:
-        return RateLimitError(
-            f"deployment '{name}' is rate limited: {detail}",
-            retry_after_s=retry_after_s(headers),
-            code=relayed.code or "rate_limit_exceeded",
-        )
-    if status in (401, 403):
-        return UpstreamError(
-            f"deployment '{name}' rejected the gateway's credentials (HTTP {status}): {detail}",
-            code="upstream_auth_failed",
-        )
-    if status == 404:
-        return UpstreamError(
-            f"deployment '{name}' does not serve its model (HTTP 404): {detail}", code="upstream_not_found"
-        )
-    if status in (408, 504):
-        return UpstreamTimeoutError(f"deployment '{name}' timed out (HTTP {status}): {detail}")
-    if status == 503:
-        return UpstreamUnavailableError(f"deployment '{name}' is unavailable (HTTP 503): {detail}")
-    if status >= 500:
-        return UpstreamError(f"deployment '{name}' failed (HTTP {status}): {detail}")
-    return relayed
+def _discard(result: object) -> None:
+    """Close a losing attempt's stream (a non-stream answer needs nothing)."""
+    if isinstance(result, OpenStream):
+        with contextlib.suppress(Exception):
+            result.close()

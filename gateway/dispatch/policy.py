@@ -1,10 +1,39 @@
-"""The ``dispatch`` section of a policy: how attempts on upstreams are bounded."""
+"""The ``dispatch`` section of a policy: timeouts, retries, fallbacks, circuit breakers, hedging."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
 from gateway._model import Seconds, StrictModel
+
+RetryReason = Literal[
+    "connect",
+    "connect_timeout",
+    "first_token_timeout",
+    "total_timeout",
+    "upstream_disconnected",
+    "stream_incomplete",
+    "malformed_chunk",
+    "429",
+    "500",
+    "502",
+    "503",
+    "504",
+]
+DEFAULT_RETRY_ON: tuple[RetryReason, ...] = (
+    "connect",
+    "connect_timeout",
+    "first_token_timeout",
+    "upstream_disconnected",
+    "malformed_chunk",
+    "429",
+    "500",
+    "502",
+    "503",
+    "504",
+)
 
 
 class Timeouts(StrictModel):
@@ -31,7 +60,80 @@ DEFAULT_TIMEOUTS = Timeouts(connect_s=5.0, first_token_s=60.0, idle_s=60.0, tota
 """What applies where neither the deployment nor ``dispatch.timeouts`` says otherwise."""
 
 
+class Backoff(StrictModel):
+    """Exponential backoff with full jitter: before the n-th retry of the same deployment,
+    sleep a uniform random time in ``[0, min(max_s, base_s * 2**(n-1))]``."""
+
+    base_s: Seconds = Field(0.2, ge=0)
+    max_s: Seconds = Field(5.0, ge=0)
+
+
+class RetryBudget(StrictModel):
+    """Retries may be at most ``ratio`` of the requests of the last ``window_s`` seconds
+    (but ``min_per_s`` per second are always allowed), so an outage cannot turn into a
+    retry storm. Counted per gateway process."""
+
+    ratio: float = Field(0.2, ge=0, le=10)
+    min_per_s: float = Field(1.0, ge=0)
+    window_s: Seconds = Field(10.0, gt=0, le=300)
+
+
+class Retries(StrictModel):
+    """Which failures are retried and how. An attempt is retried only before any byte of
+    its answer went to the client; a retry goes to the next available deployment of the
+    route (its own tier first, then the fallback tiers), or to the same one after a backoff."""
+
+    max: int = Field(2, ge=0, le=10, description="Extra attempts after the first.")
+    retry_on: list[RetryReason] = Field(default_factory=lambda: list(DEFAULT_RETRY_ON))
+    backoff: Backoff = Field(default_factory=Backoff)
+    retry_after_cap_s: Seconds = Field(
+        10.0, ge=0, description="A Retry-After up to this is waited for; a longer one is not."
+    )
+    budget: RetryBudget = Field(default_factory=RetryBudget)
+
+
+class CircuitPolicy(StrictModel):
+    """A deployment's circuit opens after ``consecutive_failures`` failures in a row, or when
+    at least ``min_requests`` attempts in ``window_s`` failed at ``failure_rate`` or more. After
+    ``cooldown_s`` it lets ``half_open_probes`` attempts through: a success closes it, a failure
+    opens it again. With ``shared``, an opened circuit is published in Redis so every replica
+    of the gateway skips the deployment too."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(5, ge=1)
+    failure_rate: float = Field(0.5, gt=0, le=1)
+    min_requests: int = Field(10, ge=1)
+    window_s: Seconds = Field(30.0, gt=0)
+    cooldown_s: Seconds = Field(15.0, gt=0)
+    half_open_probes: int = Field(1, ge=1)
+    shared: bool = True
+
+
+class HedgePolicy(StrictModel):
+    """When no first token (stream) or answer (non-stream) arrived ``after_s`` seconds into an
+    attempt, start one more on the next available deployment of the route; the first to
+    deliver wins and the other is cancelled. ``after_s: p95`` uses the deployment's recent
+    p95 (time to first token for streams, to the whole answer otherwise), floored at
+    ``min_after_s`` and, until enough samples exist, ``default_after_s``."""
+
+    enabled: bool = False
+    after_s: Seconds | Literal["p95"] = "p95"
+    min_after_s: Seconds = Field(0.05, ge=0)
+    default_after_s: Seconds = Field(1.0, gt=0)
+    max_extra: int = Field(1, ge=1, le=3)
+    budget_ratio: float = Field(0.1, ge=0, le=1, description="Hedges at most this share of requests.")
+
+
 class DispatchPolicy(StrictModel):
-    """Gateway-wide dispatch settings; deployments may override the timeouts one by one."""
+    """Gateway-wide dispatch settings. Timeouts apply in layers: a deployment's own, then its
+    tier's (``tier_timeouts``), then ``timeouts``, then the defaults; a request may tighten
+    them (header ``x-switchyard-timeout``)."""
 
     timeouts: Timeouts = Timeouts()
+    tier_timeouts: dict[str, Timeouts] = Field(default_factory=dict)
+    retries: Retries = Field(default_factory=Retries)
+    fallback: dict[str, list[str]] = Field(
+        default_factory=dict, description="Tier -> tiers tried, in order, when its own deployments fail."
+    )
+    circuit: CircuitPolicy = Field(default_factory=CircuitPolicy)
+    hedge: HedgePolicy = Field(default_factory=HedgePolicy)

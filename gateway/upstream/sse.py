@@ -38,6 +38,7 @@ class StreamScanner:
         "chunks",
         "done",
         "error",
+        "malformed",
         "usage",
     )
 
@@ -57,6 +58,7 @@ class StreamScanner:
         self.chunks = 0
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
+        self.malformed: bytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._tail + chunk if self._tail else chunk
@@ -72,6 +74,14 @@ class StreamScanner:
         cut = end + len(sep)
         block, self._tail = data[:cut], data[cut:]
         self.chunks += 1
+        bad = _first_malformed(block, sep)
+        if bad >= 0:
+            # Forward what came before it; the caller ends the stream with an error.
+            self.malformed = block[bad : bad + 200]
+            block = block[:bad]
+            cut = len(block)
+            if not block:
+                return b""
         # Usage, an error and [DONE] end a stream: only the last two events of a block
         # can hold them, so only those are searched (a byte search of a whole 5 KB block
         # costs microseconds; this keeps the scan independent of the block's size).
@@ -117,6 +127,21 @@ class StreamScanner:
     def pending(self) -> bytes:
         """Bytes received after the last complete event (a cut-off event)."""
         return self._tail
+
+
+def _first_malformed(block: bytes, sep: bytes) -> int:
+    """Offset of the first event whose data is neither a JSON object nor [DONE], or -1.
+
+    A shape check, not a parse: each event must end with ``}`` (or be ``[DONE]``, or an
+    SSE comment). It catches the truncated or garbled events a broken upstream sends,
+    at a fraction of a JSON parse's cost per event.
+    """
+    offset = 0
+    for event in block.split(sep):
+        if event and event[-1] != 0x7D and event[0] != 0x3A and not event.endswith(b"[DONE]"):
+            return offset
+        offset += len(event) + len(sep)
+    return -1
 
 
 def _data_of(event: bytes) -> bytes:

@@ -31,6 +31,8 @@ deployments:
   dead: {{base_url: "{dead}"}}
 tiers:
   fast: [sim-fast]
+# One attempt each: these tests check how a single failure reaches the client.
+dispatch: {{retries: {{max: 0}}}}
 """
     gw = GatewayProcess(policy, redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw"),
                         env={"SWITCHYARD_MAX_BODY_BYTES": "65536"})

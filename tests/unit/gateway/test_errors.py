@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from gateway.dispatch.dispatcher import retry_after_s, status_error
+from gateway.dispatch.attempt import retry_after_s, status_error
 from gateway.errors import (
     RateLimitError,
     UpstreamError,

@@ -1,0 +1,95 @@
+"""Sliding-window counters: the retry and hedge budgets, and recent latencies for hedging."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+
+class WindowCounter:
+    """Counts events in 1-second buckets over the last ``window_s`` seconds."""
+
+    __slots__ = ("_buckets", "_window_s")
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self._window_s = window_s
+        self._buckets: deque[list[float]] = deque()  # [second, count]
+
+    def resize(self, window_s: float) -> None:
+        self._window_s = window_s
+
+    def add(self, n: float = 1.0) -> None:
+        second = math.floor(time.monotonic())
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += n
+        else:
+            buckets.append([second, n])
+        self._trim(second)
+
+    def total(self) -> float:
+        self._trim(math.floor(time.monotonic()))
+        return sum(count for _, count in self._buckets)
+
+    def _trim(self, second: float) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= second - self._window_s:
+            buckets.popleft()
+
+
+class Budget:
+    """Extra attempts (retries or hedges) allowed as a share of recent requests."""
+
+    __slots__ = ("_extra", "_requests", "min_per_s", "ratio", "refused", "spent", "window_s")
+
+    def __init__(self, ratio: float, min_per_s: float = 0.0, window_s: float = 10.0) -> None:
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self.window_s = window_s
+        self._requests = WindowCounter(window_s)
+        self._extra = WindowCounter(window_s)
+        self.spent = 0
+        self.refused = 0
+
+    def configure(self, ratio: float, min_per_s: float, window_s: float) -> None:
+        self.ratio, self.min_per_s, self.window_s = ratio, min_per_s, window_s
+        self._requests.resize(window_s)
+        self._extra.resize(window_s)
+
+    def note_request(self) -> None:
+        self._requests.add()
+
+    def try_spend(self) -> bool:
+        """Take one extra attempt from the budget; False (and counted) when it is used up."""
+        allowed = max(self.min_per_s * self.window_s, self.ratio * self._requests.total())
+        if self._extra.total() + 1 > allowed:
+            self.refused += 1
+            return False
+        self._extra.add()
+        self.spent += 1
+        return True
+
+
+class LatencyWindow:
+    """The last ``size`` latencies of one deployment, with a cached p95."""
+
+    __slots__ = ("_cached", "_cached_at", "_samples")
+
+    def __init__(self, size: int = 200) -> None:
+        self._samples: deque[float] = deque(maxlen=size)
+        self._cached: float | None = None
+        self._cached_at = 0.0
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+
+    def p95(self, min_samples: int = 20) -> float | None:
+        if len(self._samples) < min_samples:
+            return None
+        now = time.monotonic()
+        if self._cached is None or now - self._cached_at > 1.0:
+            ordered = sorted(self._samples)
+            self._cached = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+            self._cached_at = now
+        return self._cached

@@ -1,0 +1,200 @@
+"""Circuit breakers per deployment: a local fast path, shared across replicas through Redis.
+
+The request path only reads and updates in-process state (no Redis round trip). When a
+circuit opens, the gateway publishes ``sy:circuit:<deployment>`` in Redis with the time it
+may be probed again (expiring with the cooldown); every replica polls those keys once a
+second and opens its own circuit for a deployment another replica found broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.dispatch.policy import CircuitPolicy
+
+_log = structlog.get_logger("switchyard.circuit")
+
+State = Literal["closed", "open", "half_open"]
+KEY_PREFIX = "sy:circuit:"
+
+
+@dataclass(slots=True)
+class Breaker:
+    """The circuit of one deployment."""
+
+    name: str
+    state: State = "closed"
+    consecutive_failures: int = 0
+    opened_until: float = 0.0  # monotonic time from which a probe is allowed
+    probes_in_flight: int = 0
+    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
+    opened_by: str = ""  # "local" or "shared"
+
+
+class Breakers:
+    """Every deployment's circuit; ``available(name)`` is what routing and dispatch consult."""
+
+    def __init__(self) -> None:
+        self._breakers: dict[str, Breaker] = {}
+        self.policy = CircuitPolicy()
+        self.transitions: dict[tuple[str, str], int] = {}
+        """(deployment, new state) -> count, for metrics."""
+        self._to_publish: dict[str, float] = {}
+        self._wake = asyncio.Event()
+
+    def configure(self, policy: CircuitPolicy) -> None:
+        self.policy = policy
+
+    def _get(self, name: str) -> Breaker:
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            breaker = self._breakers[name] = Breaker(name)
+        return breaker
+
+    def _move(self, breaker: Breaker, state: State) -> None:
+        if breaker.state == state:
+            return
+        breaker.state = state
+        key = (breaker.name, state)
+        self.transitions[key] = self.transitions.get(key, 0) + 1
+        _log.warning("circuit_" + state, deployment=breaker.name, by=breaker.opened_by or None)
+
+    def available(self, name: str) -> bool:
+        """Whether an attempt on ``name`` may start now (moves an open circuit past its
+        cooldown to half-open and reserves a probe; call :meth:`record` after the attempt)."""
+        if not self.policy.enabled:
+            return True
+        breaker = self._breakers.get(name)
+        if breaker is None or breaker.state == "closed":
+            return True
+        if breaker.state == "open":
+            if time.monotonic() < breaker.opened_until:
+                return False
+            self._move(breaker, "half_open")
+            breaker.probes_in_flight = 0
+        if breaker.probes_in_flight >= self.policy.half_open_probes:
+            return False
+        breaker.probes_in_flight += 1
+        return True
+
+    def is_open(self, name: str) -> bool:
+        """Open right now (no side effects: for status pages and choosers that only look)."""
+        breaker = self._breakers.get(name)
+        return (
+            self.policy.enabled
+            and breaker is not None
+            and breaker.state == "open"
+            and time.monotonic() < breaker.opened_until
+        )
+
+    def record(self, name: str, ok: bool) -> None:
+        """The outcome of an attempt on ``name`` (a failure is the upstream's fault: connect
+        errors, timeouts, 5xx; a client's 4xx or a 429 are not)."""
+        if not self.policy.enabled:
+            return
+        policy = self.policy
+        breaker = self._get(name)
+        now = time.monotonic()
+        outcomes = breaker.outcomes
+        outcomes.append((now, ok))
+        while outcomes and outcomes[0][0] < now - policy.window_s:
+            outcomes.popleft()
+        if breaker.state == "half_open":
+            breaker.probes_in_flight = max(0, breaker.probes_in_flight - 1)
+            if ok:
+                breaker.consecutive_failures = 0
+                breaker.outcomes.clear()
+                breaker.opened_by = ""
+                self._move(breaker, "closed")
+            else:
+                self._open(breaker, now, "local")
+            return
+        if ok:
+            breaker.consecutive_failures = 0
+            return
+        breaker.consecutive_failures += 1
+        failures = sum(1 for _, good in outcomes if not good)
+        if breaker.consecutive_failures >= policy.consecutive_failures or (
+            len(outcomes) >= policy.min_requests and failures / len(outcomes) >= policy.failure_rate
+        ):
+            self._open(breaker, now, "local")
+
+    def abandon(self, name: str) -> None:
+        """An attempt let through by :meth:`available` ended with no verdict (cancelled)."""
+        breaker = self._breakers.get(name)
+        if breaker is not None and breaker.state == "half_open":
+            breaker.probes_in_flight = max(0, breaker.probes_in_flight - 1)
+
+    def _open(self, breaker: Breaker, now: float, by: str, until: float | None = None) -> None:
+        breaker.opened_until = until if until is not None else now + self.policy.cooldown_s
+        breaker.opened_by = by
+        breaker.probes_in_flight = 0
+        self._move(breaker, "open")
+        if by == "local" and self.policy.shared:
+            # Published as wall-clock milliseconds: replicas share no monotonic clock.
+            wall = time.time() + (breaker.opened_until - now)
+            self._to_publish[breaker.name] = wall
+            self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        out: dict[str, Any] = {}
+        for name, b in self._breakers.items():
+            recent = [ok for t, ok in b.outcomes if t >= now - self.policy.window_s]
+            out[name] = {
+                "state": "open" if self.is_open(name) else ("half_open" if b.state != "closed" else "closed"),
+                "opened_by": b.opened_by or None,
+                "retry_in_s": round(max(0.0, b.opened_until - now), 3) if b.state == "open" else None,
+                "consecutive_failures": b.consecutive_failures,
+                "window_attempts": len(recent),
+                "window_failures": sum(1 for ok in recent if not ok),
+            }
+        return out
+
+    async def share(self, redis: Redis, interval_s: float = 1.0) -> None:
+        """Publish circuits opened here and adopt those opened elsewhere, until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if not self.policy.enabled or not self.policy.shared:
+                continue
+            try:
+                async with asyncio.timeout(0.5):
+                    await self._sync(redis)
+            except (RedisError, OSError, TimeoutError) as exc:
+                _log.debug("circuit_share_failed", error=repr(exc))
+
+    def watch(self, deployments: list[str]) -> None:
+        """The deployments whose shared circuits are polled (set on each policy load)."""
+        for name in deployments:
+            self._get(name)
+
+    async def _sync(self, redis: Redis) -> None:
+        publish, self._to_publish = self._to_publish, {}
+        names = list(self._breakers)
+        pipe = redis.pipeline(transaction=False)
+        for name, until_wall in publish.items():
+            ms = max(1, int((until_wall - time.time()) * 1000))
+            pipe.set(KEY_PREFIX + name, str(until_wall), px=ms)
+        for name in names:
+            pipe.get(KEY_PREFIX + name)
+        replies = await pipe.execute()
+        now_wall, now = time.time(), time.monotonic()
+        for name, value in zip(names, replies[len(publish) :], strict=True):
+            if value is None:
+                continue
+            until_wall = float(value)
+            breaker = self._get(name)
+            if until_wall > now_wall and breaker.state != "open":
+                self._open(breaker, now, "shared", until=now + (until_wall - now_wall))
