@@ -212,39 +212,39 @@ class Dispatcher:
                 self.counters["retries"] += 1
 
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
-        """The next candidate and how long to wait first: an untried one at once, else the
-        least-tried one after its backoff (or Retry-After)."""
+        """The next candidate and how long to wait first: an untried one at once (a ready one
+        first), else the least-tried one after its backoff (or Retry-After)."""
         now = time.monotonic()
-        fresh = [c for c in run.candidates if c.name not in run.tries and c.name not in run.running]
-        for candidate in fresh:
-            if self._admit(candidate.name):
-                return candidate, 0.0
-        tried = sorted(
-            (c for c in run.candidates if c.name in run.tries and c.name not in run.running),
-            key=lambda c: run.tries[c.name],
-        )
+        idle = [c for c in run.candidates if c.name not in run.running]
+        fresh = [c for c in idle if c.name not in run.tries]
+        # A deployment that is not ready (a vLLM still loading) is tried only when nothing
+        # ready is left: its own error then says why it is not ready.
+        for need_ready in (True, False):
+            for candidate in fresh:
+                if self._admit(candidate.name, need_ready):
+                    return candidate, 0.0
+        tried = sorted((c for c in idle if c.name in run.tries), key=lambda c: run.tries[c.name])
         for candidate in tried:
             cooling = run.cooling_until.get(candidate.name, 0.0)
-            if cooling == math.inf or not self._admit(candidate.name):
+            if cooling == math.inf or not self._admit(candidate.name, False):
                 continue
             backoff = random.uniform(0.0, min(max_s, base_s * 2 ** (run.tries[candidate.name] - 1)))
             return candidate, max(backoff, cooling - now)
         return None
 
     def _unavailable_because(self, name: str) -> str:
-        try:
-            if not self.pool.get(name).ready:
-                return "is not ready"
-        except KeyError:
+        if name not in self.pool.in_flight:
             return "is not configured"
         return "has its circuit open"
 
-    def _admit(self, name: str) -> bool:
-        try:
-            ready = self.pool.get(name).ready
-        except KeyError:
-            return False
-        return ready and self.breakers.available(name)
+    def _admit(self, name: str, need_ready: bool) -> bool:
+        if need_ready:
+            try:
+                if not self.pool.get(name).ready:
+                    return False
+            except KeyError:
+                return False
+        return self.breakers.available(name)
 
     async def _one(
         self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
@@ -344,7 +344,7 @@ class Dispatcher:
             if (
                 candidate.name not in run.tries
                 and candidate.name not in run.running
-                and self._admit(candidate.name)
+                and self._admit(candidate.name, True)
             ):
                 return candidate
         return None
