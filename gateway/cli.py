@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 
 from gateway.config import PolicyError, Settings, load_policy
+from gateway.dispatch import batch
 
 
 def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,6 +125,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _register_policy,
     _register_sim,
     _register_local,
+    batch.register,
 ]
 
 
