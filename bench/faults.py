@@ -1,0 +1,176 @@
+"""Latency and throughput under upstream faults, through the gateway to two simulators.
+
+1. One of two deployments hangs on 10% of requests: p50/p95/p99 end-to-end (streamed,
+   to the last byte), hedging off vs on.
+2. A full outage of one deployment (every request answered 503), with a fallback tier:
+   throughput and errors, next to the same load with both deployments healthy.
+
+    python bench/faults.py [--requests 400] [--concurrency 8] [--seconds 10]
+
+Prints a table; exits 1 if any request of the outage run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import aiohttp
+
+from gateway.procutil import free_port, wait_http_ok
+
+BODY = {
+    "model": "fast",
+    "stream": True,
+    "max_tokens": 16,
+    "messages": [
+        {"role": "system", "content": "You are a concise assistant for a shipping company."},
+        {"role": "user", "content": "Where is my parcel?"},
+    ],
+}
+
+
+@contextmanager
+def process(cmd: list[str], health: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_http_ok(health, 30, proc)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def sim(name: str, *faults: str) -> Iterator[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "local_backend.sim", "--port", str(port), "--model", f"{name}:30:2"]
+    for fault in faults:
+        cmd += ["--fault", fault]
+    with process(cmd, f"http://127.0.0.1:{port}/health"):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextmanager
+def gateway(policy: str, workdir: Path) -> Iterator[str]:
+    port = free_port()
+    path = workdir / f"policy-{port}.yaml"
+    path.write_text(policy)
+    env = {**os.environ, "SWITCHYARD_LOG_LEVEL": "warning"}
+    cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--policy", str(path)]
+    with process(cmd, f"http://127.0.0.1:{port}/healthz", env):
+        yield f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+def policy(a: tuple[str, str], b: tuple[str, str], dispatch: str, tiers: str) -> str:
+    """Deployments ``a`` and ``b`` on the simulators ``(base_url, model)``."""
+    return f"""
+deployments:
+  a: {{base_url: "{a[0]}", model: {a[1]}}}
+  b: {{base_url: "{b[0]}", model: {b[1]}}}
+tiers:
+{tiers}
+dispatch:
+{dispatch}
+"""
+
+
+async def one(session: aiohttp.ClientSession, url: str) -> tuple[float, bool]:
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, json=BODY) as resp:
+            data = await resp.read()
+            ok = resp.status == 200 and data.rstrip().endswith(b"data: [DONE]") and b'"error"' not in data
+    except aiohttp.ClientError:
+        ok = False
+    return time.perf_counter() - t0, ok
+
+
+async def fixed_count(url: str, requests: int, concurrency: int) -> tuple[list[float], int]:
+    slots = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def run() -> tuple[float, bool]:
+            async with slots:
+                return await one(session, url)
+
+        results = await asyncio.gather(*(run() for _ in range(requests)))
+    return [t for t, _ in results], sum(1 for _, ok in results if not ok)
+
+
+async def for_seconds(url: str, seconds: float, concurrency: int) -> tuple[int, int]:
+    deadline = time.perf_counter() + seconds
+    done = errors = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def worker() -> None:
+            nonlocal done, errors
+            while time.perf_counter() < deadline:
+                _, ok = await one(session, url)
+                done += 1
+                errors += 0 if ok else 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done, errors
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    rows: list[str] = []
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        a = (stack.enter_context(sim("a", "a:hang@0.1")), "a")
+        b = (stack.enter_context(sim("b")), "b")
+        timeouts = "  timeouts: {first_token_s: 1.0}\n"
+        for label, hedge in (
+            ("hedging off", ""),
+            ("hedging on (after 150 ms)", "  hedge: {enabled: true, after_s: 0.15, budget_ratio: 0.2}\n"),
+        ):
+            text = policy(a, b, timeouts + "  circuit: {enabled: false}\n" + hedge, "  fast: [a, b]")
+            with gateway(text, workdir) as url:
+                asyncio.run(fixed_count(url, 40, args.concurrency))  # warm-up, also fills p95 windows
+                times, errors = asyncio.run(fixed_count(url, args.requests, args.concurrency))
+            rows.append(
+                f"| a hangs on 10 %, {label} | {len(times)} | {errors} | "
+                f"{statistics.median(times) * 1000:.0f} | {pct(times, 0.95):.0f} | {pct(times, 0.99):.0f} |"
+            )
+        healthy = (stack.enter_context(sim("up")), "up")
+        down = (stack.enter_context(sim("down", "down:error=503")), "down")
+        for label, first in (("both healthy", healthy), ("a down (503), fallback to b", down)):
+            dispatch = "  fallback: {fast: [strong]}\n  retries: {backoff: {base_s: 0.01}}\n"
+            text = policy(first, b, dispatch, "  fast: [a]\n  strong: [b]")
+            with gateway(text, workdir) as url:
+                asyncio.run(for_seconds(url, 1.0, args.concurrency))
+                done, errors = asyncio.run(for_seconds(url, args.seconds, args.concurrency))
+            failed |= errors > 0
+            rows.append(f"| {label} | {done} | {errors} | {done / args.seconds:.0f} req/s | | |")
+    print(f"concurrency {args.concurrency}; simulators: 30 ms to first token, 2 ms between tokens, 16 tokens")
+    print("| scenario | requests | errors | p50 ms (or throughput) | p95 ms | p99 ms |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
