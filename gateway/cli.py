@@ -15,6 +15,7 @@ import orjson
 
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.dispatch import batch
+from gateway.routing import cli as routing_cli
 
 
 def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -126,6 +127,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _register_sim,
     _register_local,
     batch.register,
+    routing_cli.register,
 ]
 
 

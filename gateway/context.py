@@ -29,6 +29,7 @@ class RequestContext:
     stream: bool = False
     attempts: int = 0
     hedged: bool = False
+    escalated: str | None = None
     fallback_tier: str | None = None
     timeout_override: Timeouts | None = None
     status: int = 0

@@ -174,8 +174,5 @@ class Policy(StrictModel):
             for tier in self.dispatch.tier_timeouts
             if tier not in self.tiers
         )
-        if self.routing.default_tier not in self.tiers:
-            found.append(
-                Issue(loc=("routing", "default_tier"), message=f"unknown tier '{self.routing.default_tier}'")
-            )
+        found.extend(self.routing.issues(self.tiers))
         return found

@@ -29,7 +29,7 @@ from gateway._model import parse_duration
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
-from gateway.dispatch.dispatcher import Dispatcher, OpenStream
+from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
     InvalidRequestError,
@@ -42,7 +42,8 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
-from gateway.routing.resolve import Route, model_names, resolve
+from gateway.routing.escalation import escalation_reason
+from gateway.routing.resolve import Route, model_names, router_for, tier_route
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
@@ -98,6 +99,8 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-fallback"] = ctx.fallback_tier
     if ctx.hedged:
         headers["x-switchyard-hedged"] = "true"
+    if ctx.escalated is not None:
+        headers["x-switchyard-escalated"] = ctx.escalated
     return headers
 
 
@@ -191,14 +194,53 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _prepare(ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]) -> Route:
-    """Validate and route a request body."""
+def _prepare(
+    ctx: RequestContext,
+    dispatcher: Dispatcher,
+    schema: type[BaseModel],
+    body: dict[str, Any],
+    hint: str | None,
+) -> Route:
+    """Validate and route a request body (the gateway-only tier hint is not sent upstream)."""
     validate(schema, body)
     ctx.requested_model = body["model"]
-    route = resolve(ctx.snapshot.policy, body["model"])
+    route = router_for(ctx.snapshot.policy).resolve(
+        body, hint, dispatcher.available, dispatcher.pool.in_flight
+    )
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and "switchyard_tier" in metadata:
+        rest = {k: v for k, v in metadata.items() if k != "switchyard_tier"}
+        if rest:
+            body["metadata"] = rest
+        else:
+            del body["metadata"]
+    _set_route(ctx, route)
+    return route
+
+
+def _set_route(ctx: RequestContext, route: Route) -> None:
     ctx.tier = route.tier
     ctx.route_reason = route.header()
-    return route
+
+
+async def _unary(
+    ctx: RequestContext, dispatcher: Dispatcher, route: Route, endpoint: str, body: dict[str, Any]
+) -> UnaryResult:
+    """A non-stream request; a fast answer that fails the policy's escalation check is asked
+    again, once, of the escalation tier."""
+    result = await dispatcher.unary(ctx, route, endpoint, body)
+    if endpoint != "/chat/completions":
+        return result
+    policy = ctx.snapshot.policy
+    reason = escalation_reason(policy, route, body, result.body)
+    if reason is None:
+        return result
+    ctx.escalated = reason
+    stronger = tier_route(
+        policy, policy.routing.escalation.to, f"escalation:{reason}", escalated_from=route.tier
+    )
+    _set_route(ctx, stronger)
+    return await dispatcher.unary(ctx, stronger, endpoint, body)
 
 
 def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
@@ -206,10 +248,10 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
         ctx: RequestContext = request[CTX]
         body = await _read_json(request)
         ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
-        route = _prepare(ctx, schema, body)
         dispatcher = request.app[DISPATCHER]
+        route = _prepare(ctx, dispatcher, schema, body, request.headers.get("x-switchyard-tier"))
         if not (streamable and body.get("stream") is True):
-            result = await dispatcher.unary(ctx, route, endpoint, body)
+            result = await _unary(ctx, dispatcher, route, endpoint, body)
             return web.Response(
                 body=result.body, headers=_route_headers(ctx), content_type=result.content_type.split(";")[0]
             )
@@ -224,6 +266,7 @@ async def fanout(request: web.Request) -> web.Response:
     parent: RequestContext = request[CTX]
     spec = parse_fanout(await _read_json(request))
     override = timeout_override(request.headers.get("x-switchyard-timeout"))
+    hint = request.headers.get("x-switchyard-tier")
     dispatcher = request.app[DISPATCHER]
 
     async def one(index: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
@@ -237,8 +280,8 @@ async def fanout(request: web.Request) -> web.Response:
         try:
             if body.get("stream") is True:
                 raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
-            route = _prepare(ctx, ChatCompletionRequest, body)
-            result = await dispatcher.unary(ctx, route, "/chat/completions", body)
+            route = _prepare(ctx, dispatcher, ChatCompletionRequest, body, hint)
+            result = await _unary(ctx, dispatcher, route, "/chat/completions", body)
         except SwitchyardError as exc:
             ctx.status, ctx.error_code = exc.status, exc.code
             return exc.status, _route_headers(ctx), exc.to_json()

@@ -1,16 +1,125 @@
-"""The ``routing`` section of a policy: which tier answers ``model: auto``."""
+"""The ``routing`` section of a policy: how ``model: auto`` picks a tier, and a deployment in it."""
 
 from __future__ import annotations
 
-from gateway._model import StrictModel
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from gateway._model import Issue, StrictModel
+from gateway.routing.features import FEATURE_NAMES, RULE_FEATURES
+
+Comparison = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in"]
+Choice = Literal["preference", "weighted", "least_outstanding"]
+Check = Literal["invalid_json", "empty", "length"]
+CHECKS: tuple[Check, ...] = ("invalid_json", "empty", "length")
+
+
+class Rule(StrictModel):
+    """``when`` every condition holds, the request goes to ``tier``. A condition is a value
+    (equality) or a mapping of comparisons: ``{gt: 8000}``, ``{in: [fast, strong]}``."""
+
+    name: str | None = Field(None, description="Shown in x-switchyard-route; default: the conditions' keys.")
+    when: dict[str, Any] = Field(min_length=1)
+    tier: str
+
+    @field_validator("when")
+    @classmethod
+    def _known(cls, when: dict[str, Any]) -> dict[str, Any]:
+        for key, condition in when.items():
+            if key not in RULE_FEATURES:
+                raise ValueError(f"unknown feature {key!r} (known: {', '.join(RULE_FEATURES)})")
+            if isinstance(condition, dict):
+                bad = set(condition) - set(Comparison.__args__)  # type: ignore[attr-defined]
+                if bad or not condition:
+                    raise ValueError(f"{key}: comparisons are eq, ne, gt, gte, lt, lte, in")
+        return when
+
+    @property
+    def label(self) -> str:
+        return self.name or "+".join(self.when)
+
+
+class ClassifierSpec(StrictModel):
+    """A classifier by ``name`` (``linear``: sigmoid of ``bias`` + sum of ``weights`` x the
+    normalized features)."""
+
+    name: str = "linear"
+    weights: dict[str, float] = Field(default_factory=dict)
+    bias: float = 0.0
+
+    @field_validator("weights")
+    @classmethod
+    def _features(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = [k for k in weights if k not in FEATURE_NAMES]
+        if unknown:
+            raise ValueError(
+                f"weight for unknown feature(s) {unknown} (features: {', '.join(FEATURE_NAMES)})"
+            )
+        return weights
+
+
+class Escalation(StrictModel):
+    """Retry a non-stream answer of a ``from_tiers`` tier once on ``to`` when it fails a check:
+    ``invalid_json`` (a JSON response_format and an answer that does not parse), ``empty``
+    (no text and no tool call), ``length`` (cut by the length limit when the client set none)."""
+
+    enabled: bool = False
+    on: list[Check] = Field(default_factory=lambda: list(CHECKS))
+    from_tiers: list[str] = Field(default_factory=lambda: ["fast"])
+    to: str = "strong"
 
 
 class RoutingPolicy(StrictModel):
-    """How requests are routed to tiers.
+    """How requests are routed.
 
-    - ``default_tier``: the tier that answers ``model: auto``.
-    - ``route_all``: when true, every request goes through the router, whatever model it names.
+    ``model: auto`` (or every request, with ``route_all``) is routed: the client's hint
+    (``x-switchyard-tier`` header or ``metadata.switchyard_tier``) if it names a tier, else the
+    first matching rule, else the classifier's strong probability against ``threshold``
+    (``strong_tier`` at or above it, ``fast_tier`` below), else ``default_tier``.
     """
 
     default_tier: str = "fast"
     route_all: bool = False
+    rules: list[Rule] = Field(default_factory=list)
+    classifier: ClassifierSpec | None = None
+    threshold: float = Field(0.5, ge=0, le=1)
+    fast_tier: str = "fast"
+    strong_tier: str = "strong"
+    honor_hint: bool = True
+    choice: Choice = "preference"
+    choice_by_tier: dict[str, Choice] = Field(default_factory=dict)
+    escalation: Escalation = Field(default_factory=Escalation)
+
+    def issues(self, tiers: dict[str, Any]) -> list[Issue]:
+        """Tier names this section uses that the policy does not define."""
+        found = []
+        named: list[tuple[tuple[int | str, ...], str]] = [(("routing", "default_tier"), self.default_tier)]
+        if self.classifier is not None:
+            named += [
+                (("routing", "fast_tier"), self.fast_tier),
+                (("routing", "strong_tier"), self.strong_tier),
+            ]
+        named += [(("routing", "rules", i, "tier"), rule.tier) for i, rule in enumerate(self.rules)]
+        named += [(("routing", "choice_by_tier", t), t) for t in self.choice_by_tier]
+        if self.escalation.enabled:
+            named.append((("routing", "escalation", "to"), self.escalation.to))
+            named += [
+                (("routing", "escalation", "from_tiers", i), t)
+                for i, t in enumerate(self.escalation.from_tiers)
+            ]
+        for loc, tier in named:
+            if tier not in tiers:
+                found.append(Issue(loc=loc, message=f"unknown tier '{tier}'"))
+        if self.classifier is not None:
+            from gateway.routing.classifiers import CLASSIFIERS
+
+            if self.classifier.name not in CLASSIFIERS:
+                found.append(
+                    Issue(
+                        loc=("routing", "classifier", "name"),
+                        message=f"unknown classifier '{self.classifier.name}' "
+                        f"(known: {', '.join(CLASSIFIERS)})",
+                    )
+                )
+        return found

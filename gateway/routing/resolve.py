@@ -1,11 +1,24 @@
-"""Routing: from the model name a client sent to the deployments that may answer it."""
+"""Routing: from the model name a client sent to the deployments that may answer it.
+
+A deployment name (or an alias of one) bypasses routing; a tier name chooses the tier;
+``auto`` (or any name, with ``routing.route_all``) asks the router: the client's tier hint,
+then the first matching rule, then the classifier's score against the threshold, then
+``routing.default_tier``. Inside a tier the deployments are ordered by preference,
+weights or fewest requests in flight, with unavailable ones (open circuit, not ready) last.
+"""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.errors import ModelNotFoundError
 from gateway.policy import Policy
+from gateway.routing.classifiers import Classifier, build
+from gateway.routing.features import Features, extract
+from gateway.routing.policy import Rule
 
 AUTO = "auto"
 
@@ -17,31 +30,159 @@ class Route:
     tier: str | None
     deployments: tuple[str, ...]
     reason: str
+    score: float | None = None
+    threshold: float | None = None
+    escalated_from: str | None = None
 
     def header(self) -> str:
-        """The ``x-switchyard-route`` value, e.g. ``tier=fast; by=default``."""
+        """The ``x-switchyard-route`` value, e.g. ``tier=strong; by=rule:has_tools`` or
+        ``tier=fast; score=0.21; threshold=0.5``."""
         if self.tier is None:
             return f"deployment={self.deployments[0]}; by={self.reason}"
-        return f"tier={self.tier}; by={self.reason}"
+        if self.score is not None:
+            return f"tier={self.tier}; score={self.score:.2f}; threshold={self.threshold:g}"
+        suffix = f"; from={self.escalated_from}" if self.escalated_from else ""
+        return f"tier={self.tier}; by={self.reason}{suffix}"
 
 
-def tier_route(policy: Policy, tier: str, reason: str) -> Route:
-    return Route(tier=tier, deployments=tuple(m.deployment for m in policy.tiers[tier]), reason=reason)
+def _always(name: str) -> bool:
+    return True
 
 
-def resolve(policy: Policy, model: str) -> Route:
-    """The route for ``model``: a deployment, a tier, an alias of either, or ``auto``.
+def order_tier(
+    policy: Policy,
+    tier: str,
+    available: Callable[[str], bool] = _always,
+    in_flight: Mapping[str, int] | None = None,
+) -> tuple[str, ...]:
+    """The tier's deployments in the order attempts should try them."""
+    members = policy.tiers[tier]
+    names = [m.deployment for m in members]
+    mode = policy.routing.choice_by_tier.get(tier, policy.routing.choice)
+    if mode == "least_outstanding" and in_flight is not None:
+        rank = {name: i for i, name in enumerate(names)}
+        names.sort(key=lambda n: (in_flight.get(n, 0), rank[n]))
+    elif mode == "weighted" and len(names) > 1:
+        pool = [m for m in members if available(m.deployment)] or list(members)
+        first = random.choices([m.deployment for m in pool], weights=[m.weight for m in pool])[0]
+        names.remove(first)
+        names.insert(0, first)
+    ready = [n for n in names if available(n)]
+    if len(ready) == len(names):
+        return tuple(names)
+    return (*ready, *(n for n in names if n not in ready))
 
-    Raises :class:`ModelNotFoundError` for a name the policy does not know.
-    """
-    if policy.routing.route_all or model == AUTO:
-        return tier_route(policy, policy.routing.default_tier, "default")
-    name = policy.aliases.get(model, model)
-    if name in policy.deployments:
-        return Route(tier=None, deployments=(name,), reason="model")
-    if name in policy.tiers:
-        return tier_route(policy, name, "model")
-    raise ModelNotFoundError(model)
+
+def _matches(rule: Rule, values: Mapping[str, Any]) -> bool:
+    for key, condition in rule.when.items():
+        value = values.get(key)
+        if isinstance(condition, dict):
+            for op, target in condition.items():
+                if op == "in":
+                    if value not in target:
+                        return False
+                elif op == "eq":
+                    if value != target:
+                        return False
+                elif op == "ne":
+                    if value == target:
+                        return False
+                elif value is None or not _compare(op, value, target):
+                    return False
+        elif value != condition:
+            return False
+    return True
+
+
+def _compare(op: str, value: Any, target: Any) -> bool:
+    try:
+        if op == "gt":
+            return bool(value > target)
+        if op == "gte":
+            return bool(value >= target)
+        if op == "lt":
+            return bool(value < target)
+        return bool(value <= target)
+    except TypeError:
+        return False
+
+
+@dataclass(slots=True)
+class Decision:
+    """Why the router chose a tier (``route explain`` prints all of it)."""
+
+    tier: str
+    reason: str
+    features: Features
+    score: float | None = None
+    rule: str | None = None
+
+
+class Router:
+    """The routing decision for one policy snapshot (its classifier built once)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        spec = policy.routing.classifier
+        self.classifier: Classifier | None = build(spec) if spec is not None else None
+
+    def decide(self, body: Mapping[str, Any], hint: str | None = None) -> Decision:
+        routing = self.policy.routing
+        features = extract(body, hint)
+        if routing.honor_hint and features.hint in self.policy.tiers:
+            return Decision(features.hint, "hint", features)
+        if routing.rules:
+            values = features.as_dict()
+            for rule in routing.rules:
+                if _matches(rule, values):
+                    return Decision(rule.tier, f"rule:{rule.label}", features, rule=rule.label)
+        if self.classifier is not None:
+            score = self.classifier.strong_probability(features)
+            tier = routing.strong_tier if score >= routing.threshold else routing.fast_tier
+            return Decision(tier, "score", features, score=score)
+        return Decision(routing.default_tier, "default", features)
+
+    def resolve(
+        self,
+        body: Mapping[str, Any],
+        hint: str | None = None,
+        available: Callable[[str], bool] = _always,
+        in_flight: Mapping[str, int] | None = None,
+    ) -> Route:
+        """The route for a request body. Raises :class:`ModelNotFoundError` for a name the
+        policy does not know."""
+        policy = self.policy
+        model = str(body.get("model", ""))
+        if not policy.routing.route_all and model != AUTO:
+            name = policy.aliases.get(model, model)
+            if name in policy.deployments:
+                return Route(tier=None, deployments=(name,), reason="model")
+            if name not in policy.tiers:
+                raise ModelNotFoundError(model)
+            return Route(name, order_tier(policy, name, available, in_flight), "model")
+        decision = self.decide(body, hint)
+        deployments = order_tier(policy, decision.tier, available, in_flight)
+        if decision.score is not None:
+            return Route(decision.tier, deployments, "score", decision.score, policy.routing.threshold)
+        return Route(decision.tier, deployments, decision.reason)
+
+
+_ROUTERS: dict[int, Router] = {}
+
+
+def router_for(policy: Policy) -> Router:
+    """The router of ``policy`` (cached while the policy is alive)."""
+    key = id(policy)
+    found = _ROUTERS.get(key)
+    if found is None or found.policy is not policy:
+        if len(_ROUTERS) > 8:
+            _ROUTERS.clear()
+        found = _ROUTERS[key] = Router(policy)
+    return found
+
+
+def tier_route(policy: Policy, tier: str, reason: str, escalated_from: str | None = None) -> Route:
+    return Route(tier, order_tier(policy, tier), reason, escalated_from=escalated_from)
 
 
 def model_names(policy: Policy) -> list[str]:

@@ -1,0 +1,169 @@
+"""Request features for routing, computed from the body alone (no model call).
+
+Everything here runs on every routed request, so each feature is a handful of C-level
+string operations, not a tokenizer or a parse: the estimate of prompt tokens is
+characters / 4 (OpenAI's rule of thumb for English), and the text features (code, math,
+reasoning cues, questions, script) read the last user message — what decides how hard
+the request is — or, when it is long, its first and last 600 characters, so the cost
+does not grow with the prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_CODE_LINE = re.compile(
+    r"^\s*(?:def |class |import |from \S+ import|return\b|for .* in |while |if .*:$|#include|function |"
+    r"const |let |var |public |private |SELECT |INSERT |CREATE |}|\{$|.*;$|.*\) \{$|//|/\*)",
+    re.MULTILINE,
+)
+# Word starts, searched in the lowercased text with a space in front (str.count is far
+# faster than a regex alternation): " prove" matches "prove", "proves", not "improve".
+_CUES = (
+    " prove", " proof", " deriv", " step by step", " step-by-step", " why", " explain", " analy",
+    " compar", " justif", " reason", " evaluat", " trade-off", " tradeoff", " optimi", " design",
+    " architect", " debug", " critiq", " theorem", " lemma",
+)  # fmt: skip
+_SAMPLE_CHARS = 600
+_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+\S", re.MULTILINE)
+_MATH_CHARS = ("=", "^", "∑", "∫", "√", "≤", "≥", "∂", "π", "\\frac", "\\sum", "\\int", "$")
+_EFFORT = {"minimal": 0.0, "low": 1.0, "medium": 2.0, "high": 3.0}
+
+FEATURE_NAMES = (
+    "prompt_tokens",
+    "turns",
+    "last_user_chars",
+    "has_tools",
+    "json_mode",
+    "code_density",
+    "math_density",
+    "reasoning_cues",
+    "questions",
+    "max_tokens",
+    "reasoning_effort",
+    "non_ascii_share",
+)
+"""The features a classifier may weigh (each normalized to about [0, 1] by :meth:`Features.vector`)."""
+
+RULE_FEATURES = (*FEATURE_NAMES, "hint", "model")
+"""What a rule's ``when`` may test: the features, the client's tier hint, the model name asked for."""
+
+
+@dataclass(slots=True)
+class Features:
+    """What the router knows about a request."""
+
+    prompt_tokens: int
+    turns: int
+    last_user_chars: int
+    has_tools: bool
+    json_mode: bool
+    code_density: float
+    math_density: float
+    reasoning_cues: int
+    questions: int
+    max_tokens: int | None
+    reasoning_effort: float | None
+    non_ascii_share: float
+    hint: str | None
+    model: str
+
+    def vector(self) -> dict[str, float]:
+        """Each feature scaled to about [0, 1], so weights are comparable."""
+        return {
+            "prompt_tokens": min(1.0, math.log1p(self.prompt_tokens) / math.log1p(32_000)),
+            "turns": min(1.0, self.turns / 20.0),
+            "last_user_chars": min(1.0, math.log1p(self.last_user_chars) / math.log1p(20_000)),
+            "has_tools": 1.0 if self.has_tools else 0.0,
+            "json_mode": 1.0 if self.json_mode else 0.0,
+            "code_density": self.code_density,
+            "math_density": self.math_density,
+            "reasoning_cues": min(1.0, self.reasoning_cues / 5.0),
+            "questions": min(1.0, self.questions / 5.0),
+            "max_tokens": 0.0
+            if self.max_tokens is None
+            else min(1.0, math.log1p(self.max_tokens) / math.log1p(32_000)),
+            "reasoning_effort": 0.0 if self.reasoning_effort is None else self.reasoning_effort / 3.0,
+            "non_ascii_share": self.non_ascii_share,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """The features (raw, not normalized) with the hint and the model, as rules see them."""
+        return {name: getattr(self, name) for name in RULE_FEATURES}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
+    """The features of a chat (or completions) request body."""
+    messages = body.get("messages")
+    total_chars = 0
+    turns = 0
+    last_user = ""
+    if isinstance(messages, list):
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            text = _text_of(message.get("content"))
+            total_chars += len(text)
+            role = message.get("role")
+            if role in ("user", "assistant"):
+                turns += 1
+            if role == "user":
+                last_user = text
+    else:
+        prompt = body.get("prompt")
+        last_user = prompt if isinstance(prompt, str) else ""
+        total_chars = len(last_user)
+        turns = 1
+    tools = body.get("tools")
+    tool_chars = len(str(tools)) if tools else 0
+    fmt = body.get("response_format")
+    json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+    sample = last_user
+    if len(sample) > 2 * _SAMPLE_CHARS:
+        sample = sample[:_SAMPLE_CHARS] + "\n" + sample[-_SAMPLE_CHARS:]
+    n = max(1, len(sample))
+    lines = sample.count("\n") + 1
+    fences = sample.count("```")
+    code_lines = len(_CODE_LINE.findall(sample)) if fences or lines > 1 else 0
+    code_density = min(1.0, (code_lines + 3 * fences) / lines)
+    math_hits = sum(sample.count(c) for c in _MATH_CHARS)
+    lowered = " " + sample.lower().replace("\n", " ")
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    effort = body.get("reasoning_effort")
+    metadata = body.get("metadata")
+    if hint is None and isinstance(metadata, dict):
+        given = metadata.get("switchyard_tier")
+        hint = given if isinstance(given, str) else None
+    return Features(
+        prompt_tokens=(total_chars + tool_chars) // 4,
+        turns=turns,
+        last_user_chars=len(last_user),
+        has_tools=bool(tools),
+        json_mode=json_mode,
+        code_density=code_density,
+        math_density=min(1.0, 20.0 * math_hits / n),
+        reasoning_cues=sum(lowered.count(cue) for cue in _CUES),
+        questions=sample.count("?") + len(_NUMBERED.findall(sample)),
+        max_tokens=limit if isinstance(limit, int) else None,
+        reasoning_effort=_EFFORT.get(effort) if isinstance(effort, str) else None,
+        # CJK text is 3 bytes a character in UTF-8, so this is about 1 for it, 0 for English.
+        non_ascii_share=min(1.0, (len(sample.encode()) - len(sample)) / (2 * n)),
+        hint=hint,
+        model=str(body.get("model", "")),
+    )

@@ -1,0 +1,80 @@
+"""Each routing feature, read from a request body."""
+
+from __future__ import annotations
+
+from gateway.routing.features import FEATURE_NAMES, extract
+
+
+def chat(text: str, **extra: object) -> dict[str, object]:
+    return {"model": "auto", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}], **extra}
+
+
+def test_sizes_and_turns() -> None:
+    f = extract({"model": "auto", "messages": [
+        {"role": "system", "content": "s" * 400},
+        {"role": "user", "content": "u" * 40},
+        {"role": "assistant", "content": "a" * 40},
+        {"role": "user", "content": [{"type": "text", "text": "q" * 120}, {"type": "image_url", "image_url": {}}]},
+    ]})
+    assert f.prompt_tokens == (400 + 40 + 40 + 120) // 4
+    assert f.turns == 3
+    assert f.last_user_chars == 120
+
+
+def test_tools_json_limits_and_effort() -> None:
+    f = extract(chat("hi", tools=[{"type": "function", "function": {"name": "x"}}],
+                     response_format={"type": "json_schema", "json_schema": {}}, max_tokens=900, reasoning_effort="high"))
+    assert f.has_tools and f.json_mode and f.max_tokens == 900 and f.reasoning_effort == 3.0
+    plain = extract(chat("hi", response_format={"type": "text"}))
+    assert not plain.has_tools and not plain.json_mode and plain.max_tokens is None and plain.reasoning_effort is None
+    assert extract(chat("hi", max_completion_tokens=50)).max_tokens == 50
+
+
+def test_code_density() -> None:
+    code = "Fix this:\n```python\ndef f(x):\n    return x + 1\n```"
+    assert extract(chat(code)).code_density > 0.5
+    assert extract(chat("The weather is nice today.\nLet's go outside.")).code_density == 0
+
+
+def test_math_density() -> None:
+    assert extract(chat("Solve x^2 + 3x = 10 and ∫ x dx")).math_density > 0.3
+    assert extract(chat("Tell me a story about a dog")).math_density == 0
+
+
+def test_reasoning_cues_are_word_starts() -> None:
+    assert extract(chat("Prove it, then explain why, step by step.")).reasoning_cues == 4
+    assert extract(chat("Please improve this reasonable text")).reasoning_cues == 1  # "reasonable", not "improve"
+
+
+def test_questions_and_numbered_parts() -> None:
+    f = extract(chat("What is A? And B?\n1. first\n2. second\n- third"))
+    assert f.questions == 5
+
+
+def test_script() -> None:
+    assert extract(chat("hello")).non_ascii_share == 0
+    assert extract(chat("请详细解释量子纠缠的原理")).non_ascii_share == 1.0
+
+
+def test_hint_from_metadata_or_header() -> None:
+    assert extract(chat("x", metadata={"switchyard_tier": "strong"})).hint == "strong"
+    assert extract(chat("x"), hint="fast").hint == "fast"
+
+
+def test_long_prompts_cost_the_same_the_features_read_both_ends() -> None:
+    long = "Prove this. " + "filler text " * 5000 + " Why?"
+    f = extract(chat(long))
+    assert f.reasoning_cues == 2 and f.questions == 1
+    assert f.prompt_tokens > 15000
+
+
+def test_vector_is_normalized() -> None:
+    f = extract(chat("Prove " * 50 + "?" * 50, max_tokens=10**6, reasoning_effort="medium"))
+    vector = f.vector()
+    assert set(vector) == set(FEATURE_NAMES)
+    assert all(0.0 <= v <= 1.0 for v in vector.values())
+
+
+def test_completions_prompt() -> None:
+    f = extract({"model": "auto", "prompt": "Why is the sky blue?"})
+    assert f.turns == 1 and f.reasoning_cues == 1 and f.questions == 1

@@ -1,0 +1,75 @@
+"""`switchyard route explain | fit | calibrate | eval` on small files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.cli import main
+from gateway.config import parse_policy
+from gateway.routing.resolve import Router
+
+ROOT = Path(__file__).resolve().parents[3]
+LABELED = ROOT / "policies" / "examples" / "labeled.jsonl"
+BASE = """
+deployments:
+  f: {base_url: "http://x/v1", price: {input: 0.1, output: 0.4}}
+  s: {base_url: "http://x/v1", price: {input: 2.0, output: 8.0}}
+tiers: {fast: [f], strong: [s]}
+"""
+
+
+def test_fit_then_eval_agrees_with_the_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fit.yaml"
+    assert main(["route", "fit", str(LABELED), "--out", str(out)]) == 0
+    block = yaml.safe_load(out.read_text())
+    assert block["routing"]["classifier"]["name"] == "linear"
+    assert block["routing"]["classifier"]["weights"]["reasoning_cues"] > 0
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + yaml.safe_dump(block))
+    capsys.readouterr()
+    assert main(["route", "eval", str(LABELED), "--policy", str(policy_file), "--plot", str(tmp_path / "s.png")]) == 0
+    text = capsys.readouterr().out
+    agreement = float(text.split("agreement with the labels: ")[1].split("%")[0])
+    assert agreement >= 90
+    cost = float(text.split("cost relative to all-strong: ")[1].split("%")[0])
+    assert 30 < cost < 80  # about half the requests at 1/20 the price
+    assert "<- policy" in text and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fit_rejects_bad_labels(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}], "label": "medium"}) + "\n")
+    with pytest.raises(SystemExit) as info:
+        main(["route", "fit", str(bad)])
+    assert "label must be 'fast' or 'strong'" in str(info.value)
+
+
+def test_calibrate_hits_the_requested_strong_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy_file = tmp_path / "p.yaml"
+    classifier = "routing:\n  classifier: {bias: -1.6, weights: {reasoning_cues: 3.5, last_user_chars: 1.6}}\n"
+    policy_file.write_text(BASE + classifier)
+    assert main(["route", "calibrate", str(LABELED), "--strong-share", "0.3", "--policy", str(policy_file)]) == 0
+    threshold = yaml.safe_load(capsys.readouterr().out)["routing"]["threshold"]
+    router = Router(parse_policy(BASE + classifier + f"  threshold: {threshold}\n", "p"))
+    rows = [json.loads(line) for line in LABELED.read_text().splitlines()]
+    strong = sum(router.resolve({**row, "model": "auto"}).tier == "strong" for row in rows) / len(rows)
+    assert 0.25 <= strong <= 0.35
+
+
+def test_explain_prints_features_score_and_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + "routing:\n  rules: [{name: tools, when: {has_tools: true}, tier: strong}]\n"
+                           "  classifier: {bias: -1.0, weights: {reasoning_cues: 4.0}}\n")
+    request = tmp_path / "r.json"
+    request.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Prove it, why?"}]}))
+    assert main(["route", "explain", "--policy", str(policy_file), str(request)]) == 0
+    out = capsys.readouterr().out
+    assert "reasoning_cues" in out and "score: " in out and "tier: strong" in out and "deployments, in order: s" in out
+    request.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}],
+                                   "tools": [{"type": "function", "function": {"name": "t"}}]}))
+    assert main(["route", "explain", "--policy", str(policy_file), str(request)]) == 0
+    assert "rule: tools" in capsys.readouterr().out
