@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import PolicySnapshot
 from gateway.dispatch.policy import Timeouts
+
+if TYPE_CHECKING:
+    from gateway.shaping.shaper import ShapeResult
 
 
 @dataclass(slots=True)
@@ -30,6 +33,9 @@ class RequestContext:
     attempts: int = 0
     hedged: bool = False
     escalated: str | None = None
+    shape: ShapeResult | None = None
+    prefix_chain: list[int] | None = None
+    prefix_hit_tokens: int | None = None
     fallback_tier: str | None = None
     timeout_override: Timeouts | None = None
     status: int = 0

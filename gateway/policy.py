@@ -17,6 +17,7 @@ from gateway._model import Issue, StrictModel
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
+from gateway.shaping.policy import ShapingPolicy
 from local_backend.vllm_backend import VllmLaunch
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})
@@ -52,6 +53,10 @@ class Deployment(StrictModel):
         True,
         description="Ask the upstream for usage on streams; the extra chunk is stripped "
         "before forwarding when the client did not ask for it.",
+    )
+    cache_breakpoints: bool = Field(
+        False,
+        description="Mark the end of the stable prefix with an Anthropic-style cache_control breakpoint.",
     )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",
@@ -116,6 +121,7 @@ class Policy(StrictModel):
     )
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
     dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
+    shaping: ShapingPolicy = Field(default_factory=ShapingPolicy)
     _timeouts: dict[tuple[str, str | None], Timeouts] = PrivateAttr(default_factory=dict)
 
     def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:

@@ -23,10 +23,12 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway import cachestats
 from gateway._model import parse_duration
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
+from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
@@ -39,11 +41,13 @@ from gateway.errors import (
     PermissionDeniedError,
     RequestTooLargeError,
     SwitchyardError,
+    UpstreamUnavailableError,
     sse_error_event,
 )
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
 from gateway.routing.escalation import escalation_reason
 from gateway.routing.resolve import Route, model_names, router_for, tier_route
+from gateway.shaping.service import Shaping, pop_gateway_metadata
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
@@ -57,6 +61,8 @@ POOL = web.AppKey("pool", UpstreamPool)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)
+ACCOUNTING = web.AppKey("accounting", Accounting)
+SHAPING = web.AppKey("shaping", Shaping)
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -101,6 +107,10 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-hedged"] = "true"
     if ctx.escalated is not None:
         headers["x-switchyard-escalated"] = ctx.escalated
+    if ctx.shape is not None:
+        headers["x-switchyard-shaping"] = ctx.shape.header()
+    if ctx.prefix_hit_tokens is not None:
+        headers["x-switchyard-prefix-hit"] = str(ctx.prefix_hit_tokens)
     return headers
 
 
@@ -159,7 +169,7 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
     if ctx.finished_at is None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
-        cachestats.record(app[STATS], ctx)
+        app[ACCOUNTING].record(ctx)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
@@ -195,25 +205,22 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 
 
 def _prepare(
-    ctx: RequestContext,
-    dispatcher: Dispatcher,
-    schema: type[BaseModel],
-    body: dict[str, Any],
-    hint: str | None,
+    request: web.Request, ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]
 ) -> Route:
-    """Validate and route a request body (the gateway-only tier hint is not sent upstream)."""
+    """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
+    template) come from headers or ``metadata`` and are not sent upstream."""
     validate(schema, body)
     ctx.requested_model = body["model"]
+    hints = pop_gateway_metadata(body)
+    headers = request.headers
+    if schema is ChatCompletionRequest:
+        template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
+        request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
+    dispatcher = request.app[DISPATCHER]
+    hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     route = router_for(ctx.snapshot.policy).resolve(
         body, hint, dispatcher.available, dispatcher.pool.in_flight
     )
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict) and "switchyard_tier" in metadata:
-        rest = {k: v for k, v in metadata.items() if k != "switchyard_tier"}
-        if rest:
-            body["metadata"] = rest
-        else:
-            del body["metadata"]
     _set_route(ctx, route)
     return route
 
@@ -249,14 +256,17 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
         body = await _read_json(request)
         ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
         dispatcher = request.app[DISPATCHER]
-        route = _prepare(ctx, dispatcher, schema, body, request.headers.get("x-switchyard-tier"))
+        route = _prepare(request, ctx, schema, body)
         if not (streamable and body.get("stream") is True):
             result = await _unary(ctx, dispatcher, route, endpoint, body)
+            request.app[SHAPING].prefix_hit(ctx)
             return web.Response(
                 body=result.body, headers=_route_headers(ctx), content_type=result.content_type.split(";")[0]
             )
         ctx.stream = True
-        return await _forward_stream(request, ctx, await dispatcher.open_stream(ctx, route, endpoint, body))
+        opened = await dispatcher.open_stream(ctx, route, endpoint, body)
+        request.app[SHAPING].prefix_hit(ctx)
+        return await _forward_stream(request, ctx, opened)
 
     return handle
 
@@ -266,7 +276,6 @@ async def fanout(request: web.Request) -> web.Response:
     parent: RequestContext = request[CTX]
     spec = parse_fanout(await _read_json(request))
     override = timeout_override(request.headers.get("x-switchyard-timeout"))
-    hint = request.headers.get("x-switchyard-tier")
     dispatcher = request.app[DISPATCHER]
 
     async def one(index: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
@@ -280,8 +289,9 @@ async def fanout(request: web.Request) -> web.Response:
         try:
             if body.get("stream") is True:
                 raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
-            route = _prepare(ctx, dispatcher, ChatCompletionRequest, body, hint)
+            route = _prepare(request, ctx, ChatCompletionRequest, body)
             result = await _unary(ctx, dispatcher, route, "/chat/completions", body)
+            request.app[SHAPING].prefix_hit(ctx)
         except SwitchyardError as exc:
             ctx.status, ctx.error_code = exc.status, exc.code
             return exc.status, _route_headers(ctx), exc.to_json()
@@ -450,18 +460,14 @@ def _since_s(request: web.Request) -> int:
 async def admin_stats(request: web.Request) -> web.Response:
     require_admin(request)
     since = _since_s(request)
-    deployments = list(request.app[POLICY].current.policy.deployments)
-    writer = request.app[STATS]
+    policy = request.app[POLICY].current.policy
     try:
-        async with asyncio.timeout(2.0):
-            usage = await cachestats.usage(request.app[REDIS], deployments, since)
-    except Exception as exc:
-        raise SwitchyardError(f"stats are unavailable: Redis did not answer ({type(exc).__name__})") from None
-    body = {
-        "since_s": since,
-        "deployments": usage,
-        "stats_writes": {"written": writer.written, "dropped": writer.dropped, "pending": writer.pending},
-    }
+        async with asyncio.timeout(3.0):
+            body = await request.app[ACCOUNTING].report(policy, since)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise UpstreamUnavailableError(
+            f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
+        ) from None
     return json_response(body)
 
 
@@ -486,6 +492,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         raise RuntimeError("no Redis URL: the CLI starts an embedded Redis when none is configured")
     app[REDIS] = connect(redis_url)
     app[STATS] = StatsWriter(app[REDIS])
+    app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
     dispatcher = app[DISPATCHER]
 
     def apply(snapshot: PolicySnapshot) -> None:
@@ -498,8 +505,10 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(holder.watch(settings.reload_interval_s), name="policy-watch"),
         asyncio.create_task(app[STATS].run(), name="stats-writer"),
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
+        asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
     ]
     yield
+    await app[ACCOUNTING].close()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -515,6 +524,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     pool = UpstreamPool()
     app[POOL] = pool
     app[DISPATCHER] = Dispatcher(pool)
+    app[SHAPING] = Shaping()
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/chat/completions", _proxy("/chat/completions", ChatCompletionRequest, True))
     app.router.add_post("/v1/completions", _proxy("/completions", CompletionRequest, True))

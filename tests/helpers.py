@@ -22,7 +22,9 @@ OUTPUT_DIR = ROOT / "test-output"
 
 def http_json(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -64,7 +66,9 @@ class SimServer:
         http_json("POST", self.url + "/sim/reset", {})
 
     def set_fault(self, model: str, fault: str, rate: float = 1.0, count: int | None = None) -> None:
-        http_json("POST", self.url + "/sim/faults", {"model": model, "fault": fault, "rate": rate, "count": count})
+        http_json(
+            "POST", self.url + "/sim/faults", {"model": model, "fault": fault, "rate": rate, "count": count}
+        )
 
     def clear_faults(self) -> None:
         http_json("DELETE", self.url + "/sim/faults")

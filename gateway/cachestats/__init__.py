@@ -1,59 +1,221 @@
-"""Usage and cache-hit counters in Redis, per deployment, in 1-minute buckets kept 48 h."""
+"""Cache-hit accounting in Redis: per deployment, key and template, in 1-minute buckets kept 48 h.
+
+For each request two figures are counted: the provider's report
+(``usage.prompt_tokens_details.cached_tokens``) and the gateway's expectation (the
+shaped prompt's checkpoint chain looked up in Redis: :mod:`gateway.cachestats.prefix`).
+Counters go through :class:`~gateway.store.writer.StatsWriter` (summed in process,
+written in one pipeline, dropped and counted when Redis is slow); the expectation is
+computed off the request path. Each template also keeps its last requests' segment
+signatures, so a template that misses the cache can be told which segment breaks it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import defaultdict
+from typing import Any
 
+import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from gateway.cachestats.prefix import expect_shared
 from gateway.context import RequestContext
+from gateway.policy import Policy
 from gateway.store.writer import StatsWriter
 
 BUCKET_S = 60
 RETENTION_S = 48 * 3600
-FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens")
+SIGNATURES_KEPT = 20
+LOW_HIT_RATE = 0.30
+METRICS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "expected_cached_tokens",
+    "shaped_requests",
+)
+NO_KEY = "-"
 
 
-def _key(deployment: str, minute: int) -> str:
-    return f"sy:usage:{deployment}:{minute}"
+def _bucket(minute: int) -> str:
+    return f"sy:cs:{minute}"
 
 
-def record(writer: StatsWriter, ctx: RequestContext) -> None:
-    """Queue this request's counters (never waits on Redis)."""
-    if ctx.deployment is None:
-        return
-    key = _key(ctx.deployment, int(time.time()) // BUCKET_S)
-    ttl = RETENTION_S + BUCKET_S
-    writer.hincr(key, "requests", 1, ttl)
-    if ctx.status >= 400 or ctx.error_code:
-        writer.hincr(key, "errors", 1, ttl)
-    for name, value in (
-        ("prompt_tokens", ctx.usage_int("prompt_tokens")),
-        ("completion_tokens", ctx.usage_int("completion_tokens")),
-        ("cached_tokens", ctx.cached_tokens),
-    ):
-        if value:
-            writer.hincr(key, name, value, ttl)
+def _signatures_key(template: str) -> str:
+    return f"sy:sig:{{{template}}}"
 
 
-async def usage(redis: Redis, deployments: list[str], since_s: int) -> dict[str, dict[str, float]]:
-    """Totals per deployment over the last ``since_s`` seconds, with the cached-token share."""
-    now_min = int(time.time()) // BUCKET_S
-    minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
-    pipe = redis.pipeline(transaction=False)
-    for name in deployments:
+class Accounting:
+    """Writes a request's counters and its expectation; reads the reports."""
+
+    def __init__(self, writer: StatsWriter, redis: Redis, max_pending_expectations: int = 256) -> None:
+        self._writer = writer
+        self._redis = redis
+        self._slots = max_pending_expectations
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.expectations_dropped = 0
+
+    def record(self, ctx: RequestContext) -> None:
+        """Queue this request's counters (never waits on Redis)."""
+        if ctx.deployment is None:
+            return
+        template = ctx.shape.template if ctx.shape is not None else NO_KEY
+        prefix = f"{ctx.deployment}|{ctx.key_id or NO_KEY}|{template}|"
+        key = _bucket(int(time.time()) // BUCKET_S)
+        ttl = RETENTION_S + BUCKET_S
+        hincr = self._writer.hincr
+        hincr(key, prefix + "requests", 1, ttl)
+        if ctx.status >= 400 or ctx.error_code:
+            hincr(key, prefix + "errors", 1, ttl)
+        for name, value in (
+            ("prompt_tokens", ctx.usage_int("prompt_tokens")),
+            ("completion_tokens", ctx.usage_int("completion_tokens")),
+            ("cached_tokens", ctx.cached_tokens),
+        ):
+            if value:
+                hincr(key, prefix + name, value, ttl)
+        shape = ctx.shape
+        if shape is None:
+            return
+        if shape.moved or shape.tools_sorted or shape.rag_moved:
+            hincr(key, prefix + "shaped_requests", 1, ttl)
+        if shape.segments and template != NO_KEY:
+            signature = orjson.dumps(shape.segments)
+            sig_key = _signatures_key(template)
+
+            def push(pipe: Any) -> None:
+                pipe.lpush(sig_key, signature)
+                pipe.ltrim(sig_key, 0, SIGNATURES_KEPT - 1)
+                pipe.expire(sig_key, RETENTION_S)
+
+            self._writer.add(push)
+        if ctx.prefix_chain and ctx.status < 400:
+            if len(self._tasks) >= self._slots:
+                self.expectations_dropped += 1
+                return
+            ttl_s = ctx.snapshot.policy.shaping.cache_ttl_s
+            task = asyncio.get_running_loop().create_task(
+                self._expect(key, prefix, ctx.deployment, ctx.prefix_chain, ttl_s)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _expect(self, key: str, prefix: str, deployment: str, chain: list[int], ttl_s: float) -> None:
+        try:
+            async with asyncio.timeout(0.5):
+                expected = await expect_shared(self._redis, deployment, chain, ttl_s)
+        except (RedisError, OSError, TimeoutError):
+            self.expectations_dropped += 1
+            return
+        if expected:
+            self._writer.hincr(key, prefix + "expected_cached_tokens", expected, RETENTION_S + BUCKET_S)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
+        """Totals over the last ``since_s`` seconds per deployment, key and template, with
+        hit rates, the expected rate, the saving in USD, and for each template under 30 %
+        the first segment where its requests diverge."""
+        now_min = int(time.time()) // BUCKET_S
+        minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
+        pipe = self._redis.pipeline(transaction=False)
         for minute in minutes:
-            pipe.hgetall(_key(name, minute))
-    rows = iter(await pipe.execute())
-    out: dict[str, dict[str, float]] = {}
-    for name in deployments:
-        totals = dict.fromkeys(FIELDS, 0.0)
-        for _ in minutes:
-            for field, value in next(rows).items():
-                field_name = field.decode() if isinstance(field, bytes) else field
-                if field_name in totals:
-                    totals[field_name] += int(value)
-        prompt = totals["prompt_tokens"]
-        totals["cached_share"] = totals["cached_tokens"] / prompt if prompt else 0.0
-        out[name] = totals
-    return out
+            pipe.hgetall(_bucket(minute))
+        rows: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
+        for reply in await pipe.execute():
+            for raw_field, raw_value in reply.items():
+                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                deployment, key, template, metric = name.rsplit("|", 3)
+                if metric in METRICS:
+                    rows[deployment, key, template][metric] += int(raw_value)
+        by_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
+        by_key: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
+        by_template: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
+        saved: dict[tuple[str, str, str], float] = {}
+        for (deployment, key, template), counts in rows.items():
+            saved[deployment, key, template] = _saving(policy, deployment, counts["cached_tokens"])
+            for target, name in ((by_deployment, deployment), (by_key, key), (by_template, template)):
+                for metric, value in counts.items():
+                    target[name][metric] += value
+        saved_by: dict[str, defaultdict[str, float]] = {
+            "deployment": defaultdict(float),
+            "key": defaultdict(float),
+            "template": defaultdict(float),
+        }
+        for (deployment, key, template), usd in saved.items():
+            saved_by["deployment"][deployment] += usd
+            saved_by["key"][key] += usd
+            saved_by["template"][template] += usd
+        templates = []
+        for template, counts in sorted(by_template.items(), key=lambda kv: -kv[1]["prompt_tokens"]):
+            entry = {
+                "template": template,
+                **_rates(counts),
+                "saved_usd": round(saved_by["template"][template], 6),
+            }
+            entry["deployments"] = sorted({d for d, _, t in rows if t == template})
+            entry["flagged"] = (
+                template != NO_KEY and counts["requests"] >= 3 and entry["hit_rate"] < LOW_HIT_RATE
+            )
+            entry["breaking_segment"] = await self._divergence(template) if entry["flagged"] else None
+            templates.append(entry)
+        totals: dict[str, int] = dict.fromkeys(METRICS, 0)
+        for counts in rows.values():
+            for metric, value in counts.items():
+                totals[metric] += value
+        return {
+            "since_s": since_s,
+            "totals": {**_rates(totals), "saved_usd": round(sum(saved.values()), 6)},
+            "deployments": {
+                d: {**_rates(c), "saved_usd": round(saved_by["deployment"][d], 6)}
+                for d, c in by_deployment.items()
+            },
+            "keys": {k: {**_rates(c), "saved_usd": round(saved_by["key"][k], 6)} for k, c in by_key.items()},
+            "templates": templates,
+            "stats_writes": {
+                "written": self._writer.written,
+                "dropped": self._writer.dropped,
+                "pending": self._writer.pending,
+                "expectations_dropped": self.expectations_dropped,
+            },
+        }
+
+    async def _divergence(self, template: str) -> dict[str, Any] | None:
+        raw = await self._redis.lrange(_signatures_key(template), 0, SIGNATURES_KEPT - 1)
+        return first_divergence([orjson.loads(r) for r in raw])
+
+
+def first_divergence(signatures: list[list[list[str]]]) -> dict[str, Any] | None:
+    """The first segment position where these requests' prompts differ (the newest first)."""
+    if len(signatures) < 2:
+        return None
+    for i in range(max(len(s) for s in signatures)):
+        seen = {tuple(s[i][:2]) if i < len(s) else ("(missing)", "") for s in signatures}
+        if len(seen) > 1:
+            newest = signatures[0][i] if i < len(signatures[0]) else ["(missing)", "", ""]
+            return {"index": i, "segment": newest[0], "preview": newest[2], "variants": len(seen)}
+    return None
+
+
+def _saving(policy: Policy, deployment: str, cached_tokens: int) -> float:
+    found = policy.deployments.get(deployment)
+    price = found.price if found is not None else None
+    if price is None or not cached_tokens:
+        return 0.0
+    cached_price = price.cached_input if price.cached_input is not None else price.input
+    return cached_tokens * (price.input - cached_price) / 1e6
+
+
+def _rates(counts: dict[str, int]) -> dict[str, Any]:
+    prompt = counts["prompt_tokens"]
+    return {
+        **counts,
+        "hit_rate": round(counts["cached_tokens"] / prompt, 4) if prompt else 0.0,
+        "expected_hit_rate": round(counts["expected_cached_tokens"] / prompt, 4) if prompt else 0.0,
+    }

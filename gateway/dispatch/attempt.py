@@ -143,6 +143,35 @@ def _headers(ctx: RequestContext) -> dict[str, str]:
     return {"x-request-id": ctx.request_id}
 
 
+def with_hints(ctx: RequestContext, upstream: Upstream, body: dict[str, Any]) -> dict[str, Any]:
+    """Provider cache hints for this deployment: OpenAI's ``prompt_cache_key`` (the stable
+    prefix's hash, when the client set none), or a ``cache_control`` breakpoint at the end of
+    the stable prefix for a deployment with ``cache_breakpoints``."""
+    shape = ctx.shape
+    if shape is None or not shape.prefix_hash:
+        return body
+    deployment = upstream.deployment
+    if (
+        deployment.provider == "openai"
+        and ctx.snapshot.policy.shaping.prompt_cache_key
+        and "prompt_cache_key" not in body
+    ):
+        body = {**body, "prompt_cache_key": shape.prefix_hash}
+    messages = body.get("messages")
+    if deployment.cache_breakpoints and shape.head_stable_chars and isinstance(messages, list) and messages:
+        head = messages[0]
+        content = head.get("content") if isinstance(head, dict) else None
+        if isinstance(content, str):
+            cut = shape.head_stable_chars
+            parts: list[dict[str, Any]] = [
+                {"type": "text", "text": content[:cut], "cache_control": {"type": "ephemeral"}}
+            ]
+            if content[cut:]:
+                parts.append({"type": "text", "text": content[cut:]})
+            body = {**body, "messages": [{**head, "content": parts}, *messages[1:]]}
+    return body
+
+
 async def unary_attempt(
     ctx: RequestContext,
     pool: UpstreamPool,
@@ -152,6 +181,7 @@ async def unary_attempt(
     body: dict[str, Any],
 ) -> UnaryResult:
     """Send a non-stream request and read the whole answer (releases ``upstream`` to ``pool``)."""
+    body = with_hints(ctx, upstream, body)
     try:
         async with asyncio.timeout(timeouts.total_s) as scope:
             try:
@@ -199,6 +229,7 @@ async def stream_attempt(
     releases it when closed.
     """
     deployment = upstream.deployment
+    body = with_hints(ctx, upstream, body)
     strip_usage = False
     if deployment.stream_usage and not _wants_usage(body):
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}

@@ -29,7 +29,9 @@ GATEWAY_IMAGE = "switchyard/gateway"
 @cache
 def app_paths() -> frozenset[tuple[str, str]]:
     app = create_app(Settings(), PolicyHolder(None))
-    return frozenset((route.method, route.resource.canonical) for route in app.router.routes() if route.resource)
+    return frozenset(
+        (route.method, route.resource.canonical) for route in app.router.routes() if route.resource
+    )
 
 
 def settings_env_names() -> set[str]:
@@ -111,7 +113,16 @@ def flag(args: list[str], name: str) -> str:
 
 def test_compose_has_every_service_and_vllm_only_under_the_gpu_profile() -> None:
     services = compose()["services"]
-    assert set(services) >= {"gateway", "redis", "otel-collector", "jaeger", "prometheus", "grafana", "vllm", "sim"}
+    assert set(services) >= {
+        "gateway",
+        "redis",
+        "otel-collector",
+        "jaeger",
+        "prometheus",
+        "grafana",
+        "vllm",
+        "sim",
+    }
     assert services["vllm"]["profiles"] == ["gpu"]
     assert all("profiles" not in spec for name, spec in services.items() if name != "vllm")
     device = services["vllm"]["deploy"]["resources"]["reservations"]["devices"][0]
@@ -164,7 +175,9 @@ def test_compose_mounted_files_exist() -> None:
 def test_compose_vllm_serves_with_prompt_token_details_and_prefix_caching() -> None:
     vllm = service("vllm")
     assert vllm["entrypoint"] == ["vllm", "serve"]
-    assert "--enable-prompt-tokens-details" in vllm["command"] and "--enable-prefix-caching" in vllm["command"]
+    assert (
+        "--enable-prompt-tokens-details" in vllm["command"] and "--enable-prefix-caching" in vllm["command"]
+    )
     assert flag(vllm["command"], "--served-model-name") == "local"
     gpu_policy = parse_policy((DEPLOY / "compose" / "policy-gpu.yaml").read_text(), "p", env={})
     assert gpu_policy.deployments["local"].model == "local"
@@ -176,7 +189,9 @@ def test_prometheus_scrapes_the_gateway_and_vllm_at_their_ports() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     gateway_port = service("gateway")["environment"]["SWITCHYARD_PORT"]
     assert jobs["switchyard-gateway"]["static_configs"][0]["targets"] == [f"gateway:{gateway_port}"]
-    assert jobs["vllm"]["static_configs"][0]["targets"] == [f"vllm:{flag(service('vllm')['command'], '--port')}"]
+    assert jobs["vllm"]["static_configs"][0]["targets"] == [
+        f"vllm:{flag(service('vllm')['command'], '--port')}"
+    ]
     assert jobs["vllm"]["metrics_path"] == "/metrics"
     gateway_path = jobs["switchyard-gateway"]["metrics_path"]
     assert gateway_path == "/metrics"
@@ -198,7 +213,10 @@ def test_collector_sends_traces_to_jaeger_and_grafana_is_provisioned() -> None:
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
     sources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/datasources.yaml").read_text())
     urls = {s["type"]: s["url"] for s in sources["datasources"]}
-    assert host_port(urls["prometheus"]) == ("prometheus", 9090) and "9090:9090" in service("prometheus")["ports"]
+    assert (
+        host_port(urls["prometheus"]) == ("prometheus", 9090)
+        and "9090:9090" in service("prometheus")["ports"]
+    )
     assert host_port(urls["jaeger"]) == ("jaeger", 16686)
     dashboard = json.loads((DEPLOY / "grafana/dashboards/vllm.json").read_text())
     assert all(p["datasource"]["uid"] == "prometheus" for p in dashboard["panels"])
@@ -221,7 +239,9 @@ def base_documents() -> list[dict[str, Any]]:
         for item in generator.get("literals", []):
             key, _, value = item.partition("=")
             data[key] = value
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data})
+        docs.append(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
+        )
     return docs
 
 
@@ -235,7 +255,9 @@ def kustomize(path: Path) -> list[dict[str, Any]]:
 
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     for doc in docs:
-        if doc["kind"] == kind and (doc["metadata"]["name"] == name or doc["metadata"]["name"].startswith(name + "-")):
+        if doc["kind"] == kind and (
+            doc["metadata"]["name"] == name or doc["metadata"]["name"].startswith(name + "-")
+        ):
             return doc
     raise AssertionError(f"no {kind} {name}")
 
@@ -245,7 +267,9 @@ def has(docs: list[dict[str, Any]], kind: str, name: str) -> bool:
 
 
 def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
-    found: dict[str, Any] = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    found: dict[str, Any] = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    )
     return found
 
 
@@ -268,14 +292,22 @@ def check_cluster(docs: list[dict[str, Any]], with_redis: bool) -> None:
     assert ports["http"] == int(env["SWITCHYARD_PORT"]["value"])
     assert env["SWITCHYARD_HOST"]["value"] == "0.0.0.0"
     # Probes: the app's paths, on the named port.
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"), ("startupProbe", "/healthz")):
+    for probe, path in (
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ):
         assert gw[probe]["httpGet"] == {"path": path, "port": "http"}
         assert ("GET", path) in app_paths()
     # Secrets: the admin key (required) and the OpenAI key (optional) by reference.
     admin = env["SWITCHYARD_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
     openai_key = env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert admin["name"] == openai_key["name"] == "switchyard-secrets"
-    assert admin["key"] == "SWITCHYARD_ADMIN_KEY" and openai_key["key"] == "OPENAI_API_KEY" and openai_key["optional"]
+    assert (
+        admin["key"] == "SWITCHYARD_ADMIN_KEY"
+        and openai_key["key"] == "OPENAI_API_KEY"
+        and openai_key["optional"]
+    )
     assert not any(d["kind"] == "Secret" for d in docs)  # referenced, never shipped
     # The policy ConfigMap is mounted where SWITCHYARD_POLICY points, and is a valid policy.
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -293,7 +325,9 @@ def check_cluster(docs: list[dict[str, Any]], with_redis: bool) -> None:
             assert deployment.api_key_env in env
         if deployment.provider == "vllm":
             host, port = host_port(deployment.base_url)
-            assert host == vllm_service["metadata"]["name"] and port == vllm_service["spec"]["ports"][0]["port"]
+            assert (
+                host == vllm_service["metadata"]["name"] and port == vllm_service["spec"]["ports"][0]["port"]
+            )
     # envFrom: the config map (REDIS_URL ...) exists; its keys are settings.
     config = find(docs, "ConfigMap", "switchyard-config")
     refs = [ref for ref in gw["envFrom"]]
@@ -314,7 +348,11 @@ def check_cluster(docs: list[dict[str, Any]], with_redis: bool) -> None:
     assert svc["spec"]["selector"].items() <= labels.items()
     assert svc["spec"]["ports"][0]["targetPort"] in ports
     hpa = find(docs, "HorizontalPodAutoscaler", "switchyard-gateway")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "switchyard-gateway"}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "switchyard-gateway",
+    }
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     pdb = find(docs, "PodDisruptionBudget", "switchyard-gateway")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()

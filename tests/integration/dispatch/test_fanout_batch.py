@@ -17,7 +17,9 @@ from tests.helpers import ROOT, SimServer
 
 
 def post(url: str, body: Any) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -31,8 +33,10 @@ def chat(model: str, text: str = "hi") -> dict[str, Any]:
 
 def test_fanout_runs_items_concurrently_and_isolates_failures(make_gateway: Any) -> None:
     with SimServer("--model", "m:300:1") as sim:
-        gw = make_gateway(f'deployments:\n  m: {{base_url: "{sim.base_url}"}}\ntiers: {{fast: [m]}}\n'
-                          "dispatch: {retries: {max: 0}}\n")
+        gw = make_gateway(
+            f'deployments:\n  m: {{base_url: "{sim.base_url}"}}\ntiers: {{fast: [m]}}\n'
+            "dispatch: {retries: {max: 0}}\n"
+        )
         sim.set_fault("m", "error=500", count=1)
         items = [chat("m", "zero"), chat("nope"), chat("fast", "two"), chat("m", "three"), {"model": "m"}]
         t0 = time.monotonic()
@@ -56,31 +60,48 @@ def test_fanout_per_item_timeout_and_bad_bodies(make_gateway: Any) -> None:
     with SimServer("--model", "m:5:1") as sim:
         gw = make_gateway(f'deployments:\n  m: {{base_url: "{sim.base_url}"}}\ntiers: {{fast: [m]}}\n')
         sim.set_fault("m", "hang", count=1)
-        status, body = post(gw.base_url + "/fanout", {"requests": [chat("m"), chat("m")], "timeout_s": 0.5,
-                                                      "max_concurrency": 1})
+        status, body = post(
+            gw.base_url + "/fanout",
+            {"requests": [chat("m"), chat("m")], "timeout_s": 0.5, "max_concurrency": 1},
+        )
         assert status == 200
         assert [r["status"] for r in body["results"]] == [504, 200]
         assert body["results"][0]["body"]["error"]["code"] == "fanout_item_timeout"
         status, body = post(gw.base_url + "/fanout", {"requests": []})
         assert status == 400 and body["error"]["param"] == "requests"
         status, body = post(gw.base_url + "/fanout", {"requests": [{**chat("m"), "stream": True}]})
-        assert body["results"][0]["status"] == 400 and body["results"][0]["body"]["error"]["param"] == "stream"
+        assert (
+            body["results"][0]["status"] == 400 and body["results"][0]["body"]["error"]["param"] == "stream"
+        )
 
 
 def write_batch(path: Path, n: int) -> None:
     lines = []
     for i in range(n):
-        lines.append(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                 "body": chat("m", f"question {i}")}))
+        lines.append(
+            json.dumps(
+                {
+                    "custom_id": f"req-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": chat("m", f"question {i}"),
+                }
+            )
+        )
     lines.insert(3, "this is not json")
-    lines.insert(7, json.dumps({"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": {}}))
+    lines.insert(
+        7, json.dumps({"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": {}})
+    )
     path.write_text("\n".join(lines) + "\n")
 
 
 def run_batch(gw: Any, inp: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "gateway", "batch", str(inp), "--out", str(out), "--base-url", gw.url, *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -110,7 +131,10 @@ def test_batch_resume_after_a_kill_leaves_no_duplicates_or_gaps(make_gateway: An
     assert len(ids) == len(set(ids)), "no duplicates"
     assert set(ids) == {f"req-{i}" for i in range(60)} | {"line-4", "req-1#line-8"}, "no gaps"
     by_id = {r["custom_id"]: r for r in records}
-    assert by_id["line-4"]["error"]["code"] == "invalid_input" and "line 4" in by_id["line-4"]["error"]["message"]
+    assert (
+        by_id["line-4"]["error"]["code"] == "invalid_input"
+        and "line 4" in by_id["line-4"]["error"]["message"]
+    )
     assert "duplicate custom_id" in by_id["req-1#line-8"]["error"]["message"]
     good = by_id["req-7"]
     assert good["id"].startswith("batch_req_") and good["error"] is None
@@ -123,10 +147,15 @@ def test_batch_respects_rpm_and_reports_progress(make_gateway: Any, tmp_path: Pa
     with SimServer("--model", "m:1:0") as sim:
         gw = make_gateway(f'deployments:\n  m: {{base_url: "{sim.base_url}"}}\ntiers: {{fast: [m]}}\n')
         inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-        inp.write_text("".join(
-            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat("m")}) + "\n"
-            for i in range(8)
-        ))
+        inp.write_text(
+            "".join(
+                json.dumps(
+                    {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat("m")}
+                )
+                + "\n"
+                for i in range(8)
+            )
+        )
         t0 = time.monotonic()
         proc = run_batch(gw, inp, out, "--rpm", "240", "--concurrency", "8")
         _, err = proc.communicate(timeout=60)

@@ -42,7 +42,9 @@ def clean(sims: tuple[SimServer, SimServer]) -> tuple[SimServer, SimServer]:
 
 
 def client(gw: GatewayProcess, **kwargs: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=kwargs.pop("max_retries", 0), **kwargs)
+    return openai.OpenAI(
+        base_url=gw.base_url, api_key="x", max_retries=kwargs.pop("max_retries", 0), **kwargs
+    )
 
 
 def admin(gw: GatewayProcess, path: str) -> Any:
@@ -75,7 +77,9 @@ def test_retry_after_is_honoured(make_gateway: Any, clean: tuple[SimServer, SimS
     assert raw.headers["x-switchyard-attempts"] == "2"
 
 
-def test_retry_after_beyond_the_cap_is_returned_at_once(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_retry_after_beyond_the_cap_is_returned_at_once(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
     gw = make_gateway(two_deployments(a, b, "  retries: {max: 2, retry_after_cap_s: 2}"))
     a.set_fault("a", "rate_limit=30", count=1)
@@ -87,7 +91,9 @@ def test_retry_after_beyond_the_cap_is_returned_at_once(make_gateway: Any, clean
     assert info.value.response.headers["x-should-retry"] == "false"
 
 
-def test_sdk_retries_do_not_multiply_gateway_retries(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_sdk_retries_do_not_multiply_gateway_retries(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
     gw = make_gateway(two_deployments(a, b, "  retries: {max: 1, backoff: {base_s: 0.01}}"))
     a.set_fault("a", "error=500")
@@ -103,7 +109,9 @@ def test_hang_before_first_token_falls_back(make_gateway: Any, clean: tuple[SimS
     gw = make_gateway(two_deployments(a, b, dispatch))
     b.set_fault("b", "hang")
     t0 = time.monotonic()
-    stream = client(gw).chat.completions.with_raw_response.create(model="strong", messages=MESSAGES, stream=True)
+    stream = client(gw).chat.completions.with_raw_response.create(
+        model="strong", messages=MESSAGES, stream=True
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream.parse() if c.choices)
     assert text and time.monotonic() - t0 < 3
     assert stream.headers["x-switchyard-model"] == "a"
@@ -113,7 +121,9 @@ def test_hang_before_first_token_falls_back(make_gateway: Any, clean: tuple[SimS
     assert line["deployment"] == "a" and line["attempts"] == 2
 
 
-def test_first_token_timeout_without_fallback_is_504(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_first_token_timeout_without_fallback_is_504(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
     gw = make_gateway(two_deployments(a, b, "  timeouts: {first_token_s: 0.3}\n  retries: {max: 0}"))
     a.set_fault("a", "slow_first_token=2000")
@@ -122,18 +132,25 @@ def test_first_token_timeout_without_fallback_is_504(make_gateway: Any, clean: t
     assert info.value.status_code == 504 and info.value.code == "first_token_timeout"
 
 
-def test_request_header_tightens_the_first_token_timeout(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_request_header_tightens_the_first_token_timeout(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
     gw = make_gateway(two_deployments(a, b, "  retries: {max: 0}"))
     a.set_fault("a", "slow_first_token=2000")
     t0 = time.monotonic()
     with pytest.raises(openai.APIStatusError) as info:
         client(gw).chat.completions.create(
-            model="fast", messages=MESSAGES, stream=True, extra_headers={"x-switchyard-timeout": "first_token_s=0.3"}
+            model="fast",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-switchyard-timeout": "first_token_s=0.3"},
         )
     assert info.value.code == "first_token_timeout" and time.monotonic() - t0 < 1.5
     with pytest.raises(openai.BadRequestError):
-        client(gw).chat.completions.create(model="fast", messages=MESSAGES, extra_headers={"x-switchyard-timeout": "soon"})
+        client(gw).chat.completions.create(
+            model="fast", messages=MESSAGES, extra_headers={"x-switchyard-timeout": "soon"}
+        )
 
 
 @pytest.mark.parametrize(
@@ -152,7 +169,9 @@ def test_a_stream_broken_after_it_began_ends_with_an_error_event(
     a.set_fault("a", fault, count=1)
     received = []
     with pytest.raises(openai.APIError) as info:
-        for chunk in client(gw).chat.completions.create(model="fast", messages=MESSAGES, stream=True, max_tokens=30):
+        for chunk in client(gw).chat.completions.create(
+            model="fast", messages=MESSAGES, stream=True, max_tokens=30
+        ):
             received.append(chunk)
     assert len(received) >= 3, "what came before the break reached the client"
     assert info.value.body["code"] == code  # type: ignore[index]
@@ -183,14 +202,19 @@ def test_circuit_opens_after_failures_and_closes_after_the_cooldown(
     make_gateway: Any, clean: tuple[SimServer, SimServer]
 ) -> None:
     a, b = clean
-    dispatch = "  retries: {max: 1, backoff: {base_s: 0.01}}\n  circuit: {consecutive_failures: 3, cooldown_s: 1}"
+    dispatch = (
+        "  retries: {max: 1, backoff: {base_s: 0.01}}\n  circuit: {consecutive_failures: 3, cooldown_s: 1}"
+    )
     gw = make_gateway(two_deployments(a, b, dispatch, tiers="  fast: [a, b]"))
     a.set_fault("a", "error=500")
     c = client(gw)
     for _ in range(3):
-        assert c.chat.completions.with_raw_response.create(model="fast", messages=MESSAGES).headers[
-            "x-switchyard-model"
-        ] == "b"
+        assert (
+            c.chat.completions.with_raw_response.create(model="fast", messages=MESSAGES).headers[
+                "x-switchyard-model"
+            ]
+            == "b"
+        )
     assert admin(gw, "/admin/dispatch")["circuits"]["a"]["state"] == "open"
     seen = requests_seen(a)
     raw = c.chat.completions.with_raw_response.create(model="fast", messages=MESSAGES)
@@ -203,9 +227,13 @@ def test_circuit_opens_after_failures_and_closes_after_the_cooldown(
     assert admin(gw, "/admin/dispatch")["circuits"]["a"]["state"] == "closed"
 
 
-def test_an_open_circuit_is_shared_with_other_replicas(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_an_open_circuit_is_shared_with_other_replicas(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
-    dispatch = "  retries: {max: 1, backoff: {base_s: 0.01}}\n  circuit: {consecutive_failures: 2, cooldown_s: 30}"
+    dispatch = (
+        "  retries: {max: 1, backoff: {base_s: 0.01}}\n  circuit: {consecutive_failures: 2, cooldown_s: 30}"
+    )
     policy = two_deployments(a, b, dispatch, tiers="  fast: [a, b]")
     first = make_gateway(policy)
     second = make_gateway(policy, flush_redis=False)
@@ -218,9 +246,12 @@ def test_an_open_circuit_is_shared_with_other_replicas(make_gateway: Any, clean:
         time.sleep(0.1)
     assert admin(second, "/admin/dispatch")["circuits"]["a"]["opened_by"] == "shared"
     seen = requests_seen(a)
-    assert client(second).chat.completions.with_raw_response.create(model="fast", messages=MESSAGES).headers[
-        "x-switchyard-model"
-    ] == "b"
+    assert (
+        client(second)
+        .chat.completions.with_raw_response.create(model="fast", messages=MESSAGES)
+        .headers["x-switchyard-model"]
+        == "b"
+    )
     assert requests_seen(a) == seen
 
 
@@ -255,7 +286,9 @@ dispatch:
 """
         gw = make_gateway(policy)
         t0 = time.monotonic()
-        raw = client(gw).chat.completions.with_raw_response.create(model="fast", messages=MESSAGES, stream=True)
+        raw = client(gw).chat.completions.with_raw_response.create(
+            model="fast", messages=MESSAGES, stream=True
+        )
         chunks = list(raw.parse())
         assert chunks and time.monotonic() - t0 < 1.2
         assert raw.headers["x-switchyard-model"] == "quick"
@@ -272,7 +305,9 @@ dispatch:
         assert raw.headers["x-switchyard-model"] == "quick"
 
 
-def test_no_hedge_when_the_first_attempt_is_fast(make_gateway: Any, clean: tuple[SimServer, SimServer]) -> None:
+def test_no_hedge_when_the_first_attempt_is_fast(
+    make_gateway: Any, clean: tuple[SimServer, SimServer]
+) -> None:
     a, b = clean
     gw = make_gateway(two_deployments(a, b, "  hedge: {enabled: true, after_s: 1}", tiers="  fast: [a, b]"))
     raw = client(gw).chat.completions.with_raw_response.create(model="fast", messages=MESSAGES)
@@ -285,6 +320,7 @@ def test_unknown_fallback_tier_is_rejected(tmp_path: Any) -> None:
 
     with pytest.raises(PolicyError) as info:
         parse_policy(
-            "deployments: {a: {base_url: 'http://x'}}\ntiers: {fast: [a]}\ndispatch: {fallback: {fast: [nope]}}\n", "p"
+            "deployments: {a: {base_url: 'http://x'}}\ntiers: {fast: [a]}\ndispatch: {fallback: {fast: [nope]}}\n",
+            "p",
         )
     assert [i.path for i in info.value.issues] == ["dispatch.fallback.fast[0]"]

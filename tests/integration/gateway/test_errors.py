@@ -18,7 +18,9 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def gateway(sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     policy = f"""
 deployments:
@@ -34,8 +36,12 @@ tiers:
 # One attempt each: these tests check how a single failure reaches the client.
 dispatch: {{retries: {{max: 0}}}}
 """
-    gw = GatewayProcess(policy, redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw"),
-                        env={"SWITCHYARD_MAX_BODY_BYTES": "65536"})
+    gw = GatewayProcess(
+        policy,
+        redis_url=redis_url,
+        workdir=tmp_path_factory.mktemp("gw"),
+        env={"SWITCHYARD_MAX_BODY_BYTES": "65536"},
+    )
     gw.start()
     yield gw
     gw.stop()
@@ -47,7 +53,9 @@ def client(gateway: GatewayProcess, sim: SimServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=10)
 
 
-def raw_post(url: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict[str, Any], Any]:
+def raw_post(
+    url: str, data: bytes, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any], Any]:
     req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -64,7 +72,9 @@ def assert_openai_error(body: Any) -> dict[str, Any]:
 
 
 def test_malformed_json_is_400(gateway: GatewayProcess) -> None:
-    status, headers, body = raw_post(gateway.base_url + "/chat/completions", b'{"model": "fast", "messages": [')
+    status, headers, body = raw_post(
+        gateway.base_url + "/chat/completions", b'{"model": "fast", "messages": ['
+    )
     assert status == 400
     assert assert_openai_error(body)["code"] == "invalid_json"
     assert headers["x-request-id"]
@@ -149,7 +159,9 @@ def test_stream_with_no_first_token_is_504(client: openai.OpenAI, sim: SimServer
     sim.set_fault("sim-fast", "hang", count=1)
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(
-            model="sim-hang", messages=MESSAGES, stream=True  # type: ignore[arg-type]
+            model="sim-hang",
+            messages=MESSAGES,
+            stream=True,  # type: ignore[arg-type]
         )
     assert info.value.status_code == 504
     assert info.value.code == "first_token_timeout"
@@ -165,9 +177,7 @@ def test_non_stream_past_total_timeout_is_504(client: openai.OpenAI, sim: SimSer
 
 def test_stream_cut_mid_answer_ends_with_an_error_event(client: openai.OpenAI, sim: SimServer) -> None:
     sim.set_fault("sim-fast", "reset_mid_stream=3", count=1)
-    stream = client.chat.completions.create(
-        model="fast", messages=MESSAGES, stream=True, max_tokens=30
-    )
+    stream = client.chat.completions.create(model="fast", messages=MESSAGES, stream=True, max_tokens=30)
     received = []
     with pytest.raises(openai.APIError) as info:
         for chunk in stream:

@@ -59,7 +59,9 @@ def wait_for(predicate: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(tmp_path: Path, make_gateway: Any) -> None:
+def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(
+    tmp_path: Path, make_gateway: Any
+) -> None:
     fake = FakeVllm(tmp_path)
     fake.control({"start_delay_s": 2.0})
     port = free_port()
@@ -88,7 +90,9 @@ def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(tmp_path: 
     assert gw.stop() == 0
     assert not any(alive(r["pid"]) for r in launches)  # drained and gone with the gateway
     lines = [json.loads(line) for line in gw.log_path.read_text().splitlines() if line.startswith("{")]
-    assert any(line.get("event") == "vllm_output" and "Shutdown complete" in line.get("line", "") for line in lines)
+    assert any(
+        line.get("event") == "vllm_output" and "Shutdown complete" in line.get("line", "") for line in lines
+    )
     assert any(line.get("event") == "vllm_stopped" for line in lines)
 
 
@@ -116,8 +120,9 @@ def test_a_launch_this_machine_cannot_satisfy_stops_the_gateway_with_the_reason(
     gw = GatewayProcess(policy, redis_url=redis_url, workdir=tmp_path, env=fake.env)
     with pytest.raises(RuntimeError, match="gateway did not start") as info:
         gw.start()
-    assert "deployments.local-8b.launch: launch.api_key_env names NOT_SET_ANYWHERE_42, which is not set" in str(
-        info.value
+    assert (
+        "deployments.local-8b.launch: launch.api_key_env names NOT_SET_ANYWHERE_42, which is not set"
+        in str(info.value)
     )
     assert fake.launches() == []
 

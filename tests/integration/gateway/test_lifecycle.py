@@ -53,7 +53,9 @@ def test_client_disconnect_while_waiting_cancels_the_upstream(make_gateway: Any)
         wait_for(lambda: slow.stats()["cancelled"] == 1)
 
 
-def test_policy_edit_takes_effect_and_a_bad_edit_keeps_the_old_policy(sim: SimServer, make_gateway: Any) -> None:
+def test_policy_edit_takes_effect_and_a_bad_edit_keeps_the_old_policy(
+    sim: SimServer, make_gateway: Any
+) -> None:
     gw = make_gateway(sim_policy(sim.base_url))
     client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
@@ -73,9 +75,9 @@ def test_policy_edit_takes_effect_and_a_bad_edit_keeps_the_old_policy(sim: SimSe
     gw.write_policy(sim_policy(sim.base_url, "aliases: {quick: sim-nothing}"))
     wait_for(lambda: readyz(gw.url)["policy"]["reload_error"] is not None)
     ready = readyz(gw.url)
-    assert ready["policy"]["reload_error"] == ["aliases.quick: unknown deployment or tier 'sim-nothing'"] or any(
-        "aliases.quick" in e for e in ready["policy"]["reload_error"]
-    )
+    assert ready["policy"]["reload_error"] == [
+        "aliases.quick: unknown deployment or tier 'sim-nothing'"
+    ] or any("aliases.quick" in e for e in ready["policy"]["reload_error"])
     # The previous policy still answers.
     again = client.chat.completions.with_raw_response.create(model="quick", messages=MESSAGES)  # type: ignore[arg-type]
     assert again.headers["x-switchyard-model"] == "sim-strong"
@@ -109,8 +111,19 @@ def test_one_log_line_per_request_without_prompt_text(sim: SimServer, make_gatew
     client.chat.completions.create(model="fast", messages=[{"role": "user", "content": secret_prompt}])
     list(client.chat.completions.create(model="strong", messages=MESSAGES, stream=True))
     line = gw.wait_log(lambda entry: entry.get("event") == "request" and entry.get("stream") is True)
-    for key in ("request_id", "key_id", "model", "deployment", "status", "attempts", "ttft_ms", "total_ms",
-                "prompt_tokens", "completion_tokens", "cached_tokens"):
+    for key in (
+        "request_id",
+        "key_id",
+        "model",
+        "deployment",
+        "status",
+        "attempts",
+        "ttft_ms",
+        "total_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+    ):
         assert key in line, key
     assert line["deployment"] == "sim-strong" and line["status"] == 200 and line["attempts"] == 1
     assert line["ttft_ms"] > 0 and line["total_ms"] >= line["ttft_ms"]

@@ -16,12 +16,16 @@ from tests.helpers import GatewayProcess, SimServer, sim_policy
 
 
 @pytest.fixture(scope="module")
-def gateway(sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     extra = """
 aliases:
   small: sim-fast
 """
-    gw = GatewayProcess(sim_policy(sim.base_url, extra), redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw"))
+    gw = GatewayProcess(
+        sim_policy(sim.base_url, extra), redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw")
+    )
     gw.start()
     yield gw
     gw.stop()
@@ -59,9 +63,12 @@ def test_request_id_from_the_client_is_kept(client: openai.OpenAI, sim: SimServe
 
 
 def test_tier_alias_and_auto_resolve(client: openai.OpenAI) -> None:
-    assert client.chat.completions.with_raw_response.create(model="small", messages=MESSAGES).headers[
-        "x-switchyard-model"
-    ] == "sim-fast"
+    assert (
+        client.chat.completions.with_raw_response.create(model="small", messages=MESSAGES).headers[
+            "x-switchyard-model"
+        ]
+        == "sim-fast"
+    )
     auto = client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
     assert auto.headers["x-switchyard-model"] == "sim-fast"
     assert auto.headers["x-switchyard-route"] == "tier=fast; by=default"
@@ -69,7 +76,9 @@ def test_tier_alias_and_auto_resolve(client: openai.OpenAI) -> None:
     assert strong.headers["x-switchyard-model"] == "sim-strong"
 
 
-def test_chat_stream_without_usage_requested_hides_the_usage_chunk(client: openai.OpenAI, sim: SimServer) -> None:
+def test_chat_stream_without_usage_requested_hides_the_usage_chunk(
+    client: openai.OpenAI, sim: SimServer
+) -> None:
     chunks = list(client.chat.completions.create(model="fast", messages=MESSAGES, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -92,7 +101,10 @@ def test_chat_stream_with_usage_requested(client: openai.OpenAI) -> None:
 def test_stream_text_equals_non_stream_text(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model="fast", messages=MESSAGES, max_tokens=12)
     streamed = client.chat.completions.create(model="fast", messages=MESSAGES, max_tokens=12, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == whole.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        == whole.choices[0].message.content
+    )
 
 
 def test_unknown_fields_pass_through(client: openai.OpenAI, sim: SimServer) -> None:
@@ -106,7 +118,9 @@ def test_unknown_fields_pass_through(client: openai.OpenAI, sim: SimServer) -> N
 def test_completions_and_embeddings(client: openai.OpenAI) -> None:
     text = client.completions.create(model="fast", prompt="Once upon a time", max_tokens=5)
     assert text.object == "text_completion" and text.choices[0].text
-    streamed = list(client.completions.create(model="fast", prompt="Once upon a time", max_tokens=5, stream=True))
+    streamed = list(
+        client.completions.create(model="fast", prompt="Once upon a time", max_tokens=5, stream=True)
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == text.choices[0].text
     emb = client.embeddings.create(model="fast", input=["a", "b"])
     assert len(emb.data) == 2

@@ -16,9 +16,11 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gateway import cachestats
+from gateway.cachestats import Accounting
+from gateway.config import PolicySnapshot, parse_policy
 from gateway.context import RequestContext
 from gateway.procutil import free_port
+from gateway.shaping.shaper import ShapeResult
 from gateway.store import connect, is_cluster_url
 from gateway.store.embedded import find_redis_server
 from gateway.store.writer import StatsWriter
@@ -107,25 +109,39 @@ def test_stats_pipelines_span_the_clusters_slots(cluster: list[int]) -> None:
     sync = RedisCluster(host="127.0.0.1", port=cluster[0])
     sync.flushall()
 
-    async def main() -> dict[str, dict[str, float]]:
+    policy = parse_policy(
+        "deployments: {" + ", ".join(f"{d}: {{base_url: 'http://x'}}" for d in deployments) + "}\n"
+        f"tiers: {{fast: [{deployments[0]}]}}\n",
+        "p",
+    )
+    snapshot = PolicySnapshot(policy=policy, source="p", digest="d", version=1)
+
+    async def main() -> dict[str, Any]:
         client = connect(f"redis+cluster://127.0.0.1:{cluster[1]},127.0.0.1:{cluster[2]}")
         writer = StatsWriter(client)
-        for name in deployments:
-            ctx = RequestContext(request_id="r", endpoint="/v1/chat/completions", snapshot=None)  # type: ignore[arg-type]
+        accounting = Accounting(writer, client)
+        for i, name in enumerate(deployments):
+            ctx = RequestContext(request_id="r", endpoint="/v1/chat/completions", snapshot=snapshot)
             ctx.deployment, ctx.status = name, 200
-            ctx.usage = {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}}
-            cachestats.record(writer, ctx)
+            ctx.usage = {
+                "prompt_tokens": 100,
+                "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 64},
+            }
+            ctx.shape = ShapeResult(template=f"tpl{i}", segments=[("tools", f"{i:08x}", "")])
+            accounting.record(ctx)
         await writer.flush()
         assert writer.written > 0 and writer.dropped == 0
         assert await client.ping()
-        totals = await cachestats.usage(client, deployments, 3600)
+        report = await accounting.report(policy, 3600)
         await client.aclose()
-        return totals
+        return report
 
-    totals = asyncio.run(main())
+    report = asyncio.run(main())
+    totals = report["deployments"]
     assert all(totals[name]["requests"] == 1 and totals[name]["cached_tokens"] == 64 for name in deployments)
     # The keys really live on different nodes: one pipeline crossed slots.
-    nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:usage:*")}
+    nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:*")}
     assert len(nodes) >= 2
     sync.close()
 

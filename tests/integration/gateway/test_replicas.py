@@ -14,7 +14,9 @@ import pytest
 
 from tests.helpers import GatewayProcess, SimServer, http_json
 
-SYSTEMS = [f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(4)]
+SYSTEMS = [
+    f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,9 @@ def wait_ready(gw: GatewayProcess, healthy: int, timeout_s: float = 10.0) -> dic
         time.sleep(0.05)
 
 
-def test_requests_that_share_a_system_prompt_stay_on_one_replica(fresh: list[SimServer], make_gateway: Any) -> None:
+def test_requests_that_share_a_system_prompt_stay_on_one_replica(
+    fresh: list[SimServer], make_gateway: Any
+) -> None:
     gw = make_gateway(replica_policy(fresh))
     wait_ready(gw, 3)
     with client(gw) as c:
@@ -100,7 +104,9 @@ def test_requests_that_share_a_system_prompt_stay_on_one_replica(fresh: list[Sim
             assert replies[f"p{p}-r{r}"].usage.prompt_tokens_details.cached_tokens > 0
 
 
-def test_without_affinity_requests_go_to_the_least_loaded_replica(fresh: list[SimServer], make_gateway: Any) -> None:
+def test_without_affinity_requests_go_to_the_least_loaded_replica(
+    fresh: list[SimServer], make_gateway: Any
+) -> None:
     gw = make_gateway(replica_policy(fresh, "      prefix_affinity: false"))
     wait_ready(gw, 3)
     with client(gw) as c:
@@ -110,7 +116,9 @@ def test_without_affinity_requests_go_to_the_least_loaded_replica(fresh: list[Si
     assert Counter(served[f"q{r}"] for r in range(6)) == {0: 2, 1: 2, 2: 2}  # equal loads: rotated
 
 
-def test_a_hot_prefix_spills_over_to_other_replicas_under_load(replicas: list[SimServer], make_gateway: Any) -> None:
+def test_a_hot_prefix_spills_over_to_other_replicas_under_load(
+    replicas: list[SimServer], make_gateway: Any
+) -> None:
     slow = [SimServer("--model", "llama:5:25", "--output-tokens", "20") for _ in range(3)]
     for server in slow:
         server.__enter__()
@@ -138,7 +146,9 @@ def test_a_replica_that_goes_down_is_routed_around(make_gateway: Any) -> None:
         with client(gw) as c:
             for i in range(8):
                 assert ask(c, SYSTEMS[i % 4], "hi", f"d{i}").choices[0].message.content
-        assert {entry["x-request-id"] for entry in servers[1].stats()["recent"]} >= {f"d{i}" for i in range(8)}
+        assert {entry["x-request-id"] for entry in servers[1].stats()["recent"]} >= {
+            f"d{i}" for i in range(8)
+        }
         status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]
         assert [r["healthy"] for r in status["replicas"]] == [False, True]
         assert "cannot connect" in status["replicas"][0]["last_error"]
@@ -167,7 +177,10 @@ tiers: {{fast: [local]}}
         c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 503
     assert info.value.code == "upstream_unavailable"
-    assert "deployment 'local' is not ready: 0 of 2 replicas answer /health (cannot connect" in info.value.message
+    assert (
+        "deployment 'local' is not ready: 0 of 2 replicas answer /health (cannot connect"
+        in info.value.message
+    )
 
 
 def test_admin_replicas_shows_what_vllm_reports(fresh: list[SimServer], make_gateway: Any) -> None:

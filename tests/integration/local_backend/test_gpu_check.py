@@ -23,7 +23,9 @@ def executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("bash") is None, reason="needs bash and curl")
+@pytest.mark.skipif(
+    shutil.which("curl") is None or shutil.which("bash") is None, reason="needs bash and curl"
+)
 def test_gpu_check_serves_replays_with_shaping_off_and_on_and_prints_vllms_figures(tmp_path: Path) -> None:
     fake = FakeVllm(tmp_path)
     fake.control({"ttft_ms": 5, "itl_ms": 1})
@@ -41,7 +43,9 @@ def test_gpu_check_serves_replays_with_shaping_off_and_on_and_prints_vllms_figur
         "CONCURRENCY": "4",
         "STARTUP_TIMEOUT_S": "60",
     }
-    out = subprocess.run(["bash", str(SCRIPT), "org/tiny"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "org/tiny"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=240
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "vLLM 0.0-fake, model org/tiny" in out.stdout
     rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith("shaping-")}

@@ -144,7 +144,9 @@ def test_replica_output_becomes_structured_log_lines(fake: FakeVllm, logs: list[
     started = [entry for entry in lines if "Starting vLLM API server" in entry["line"]]
     assert started and started[0]["replica"] == "local[0]" and started[0]["log_level"] == "info"
     assert any("Shutdown complete" in entry["line"] for entry in lines)
-    assert events(logs, "vllm_starting")[0]["command"].startswith("CUDA_VISIBLE_DEVICES=0 vllm serve org/tiny-model")
+    assert events(logs, "vllm_starting")[0]["command"].startswith(
+        "CUDA_VISIBLE_DEVICES=0 vllm serve org/tiny-model"
+    )
     assert events(logs, "vllm_ready")[0]["url"] == f"http://127.0.0.1:{config.port}/v1"
 
 
@@ -191,7 +193,9 @@ def test_restart_backoff_doubles_up_to_its_maximum(fake: FakeVllm, logs: list[di
     assert len(fake.launches()) == 4
 
 
-def test_a_slow_start_past_the_deadline_is_killed_and_retried(fake: FakeVllm, logs: list[dict[str, Any]]) -> None:
+def test_a_slow_start_past_the_deadline_is_killed_and_retried(
+    fake: FakeVllm, logs: list[dict[str, Any]]
+) -> None:
     fake.control({"start_delay_s": 60})
     config = launch(startup_timeout_s=1.0, max_restarts=1)
 
@@ -333,7 +337,9 @@ def test_local_serve_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
 
 def test_local_serve_supervises_until_sigterm_then_drains(fake: FakeVllm, tmp_path: Path) -> None:
     port = free_port()
-    path = write_config(tmp_path, f"model: org/m\nserved_model_name: m\nport: {port}\nhealth_interval_s: 0.2\n")
+    path = write_config(
+        tmp_path, f"model: org/m\nserved_model_name: m\nport: {port}\nhealth_interval_s: 0.2\n"
+    )
     log_path = tmp_path / "local-serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -347,7 +353,9 @@ def test_local_serve_supervises_until_sigterm_then_drains(fake: FakeVllm, tmp_pa
                 assert time.monotonic() < deadline, log_path.read_text()
                 time.sleep(0.1)
             with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
-                reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
             assert reply.choices[0].message.content
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0

@@ -64,11 +64,17 @@ def test_easy_and_hard_prompts_are_routed_and_explained(gateway: GatewayProcess)
     hard = ask(gateway, "Prove it and explain why")
     assert hard.headers["x-switchyard-model"] == "sim-strong"
     assert hard.headers["x-switchyard-route"].startswith("tier=strong; score=")
-    tools = ask(gateway, "hi", tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}])
+    tools = ask(
+        gateway,
+        "hi",
+        tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+    )
     assert tools.headers["x-switchyard-route"] == "tier=strong; by=rule:tools"
 
 
-def test_hint_by_header_or_metadata_and_metadata_key_not_forwarded(gateway: GatewayProcess, sim: SimServer) -> None:
+def test_hint_by_header_or_metadata_and_metadata_key_not_forwarded(
+    gateway: GatewayProcess, sim: SimServer
+) -> None:
     raw = ask(gateway, "Prove it", extra_headers={"x-switchyard-tier": "fast"})
     assert raw.headers["x-switchyard-route"] == "tier=fast; by=hint"
     raw = ask(gateway, "hello", metadata={"switchyard_tier": "strong"})
@@ -99,12 +105,16 @@ def test_a_failed_fast_answer_escalates_once_to_strong(
     assert models == ["sim-fast", "sim-strong"]
 
 
-def test_no_escalation_when_the_client_set_the_limit_or_the_answer_is_fine(gateway: GatewayProcess, sim: SimServer) -> None:
+def test_no_escalation_when_the_client_set_the_limit_or_the_answer_is_fine(
+    gateway: GatewayProcess, sim: SimServer
+) -> None:
     sim.set_fault("sim-fast", "length", count=1)
     raw = ask(gateway, "Hello there", max_tokens=3)
     assert "x-switchyard-escalated" not in raw.headers
     raw = ask(gateway, "Hello there", response_format={"type": "json_object"})
-    assert "x-switchyard-escalated" not in raw.headers and json.loads(raw.parse().choices[0].message.content or "")
+    assert "x-switchyard-escalated" not in raw.headers and json.loads(
+        raw.parse().choices[0].message.content or ""
+    )
 
 
 def readyz(gw: GatewayProcess) -> Any:
@@ -112,7 +122,9 @@ def readyz(gw: GatewayProcess) -> Any:
         return json.loads(resp.read())
 
 
-def test_a_malformed_routing_block_on_reload_keeps_the_old_policy(gateway: GatewayProcess, sim: SimServer) -> None:
+def test_a_malformed_routing_block_on_reload_keeps_the_old_policy(
+    gateway: GatewayProcess, sim: SimServer
+) -> None:
     gateway.write_policy(policy(sim, "  threshold: 1.7\n  rules: [{when: {vibes: 1}, tier: strong}]"))
     deadline = time.monotonic() + 5
     while readyz(gateway)["policy"]["reload_error"] is None:
@@ -120,4 +132,6 @@ def test_a_malformed_routing_block_on_reload_keeps_the_old_policy(gateway: Gatew
         time.sleep(0.05)
     errors = readyz(gateway)["policy"]["reload_error"]
     assert any("routing.threshold" in e for e in errors) and any("routing.rules[0].when" in e for e in errors)
-    assert ask(gateway, "Prove it").headers["x-switchyard-model"] == "sim-strong"  # the old classifier still routes
+    assert (
+        ask(gateway, "Prove it").headers["x-switchyard-model"] == "sim-strong"
+    )  # the old classifier still routes

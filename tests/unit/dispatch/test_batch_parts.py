@@ -12,7 +12,12 @@ from gateway.dispatch.batch import Bad, Item, Limiter, read_input, repair_and_re
 
 def test_bad_lines_are_reported_with_their_number(tmp_path: Path) -> None:
     lines = [
-        {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}},
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": []},
+        },
         "not json",
         {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}},
         {"custom_id": "b", "method": "GET", "url": "/v1/chat/completions", "body": {}},

@@ -83,12 +83,19 @@ def test_every_knob_maps_to_its_vllm_flag() -> None:
     }
     for flag, value in expected.items():
         assert flag_value(argv, flag) == value, flag
-    for flag in ("--calculate-kv-scales", "--enable-chunked-prefill", "--enforce-eager", "--trust-remote-code"):
+    for flag in (
+        "--calculate-kv-scales",
+        "--enable-chunked-prefill",
+        "--enforce-eager",
+        "--trust-remote-code",
+    ):
         assert flag in argv
 
 
 def test_turning_defaults_off_uses_vllms_no_flags() -> None:
-    argv = argv_of(enable_prefix_caching=False, enable_prompt_tokens_details=False, enable_chunked_prefill=False)
+    argv = argv_of(
+        enable_prefix_caching=False, enable_prompt_tokens_details=False, enable_chunked_prefill=False
+    )
     assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
     assert "--no-enable-prompt-tokens-details" in argv
     assert "--no-enable-chunked-prefill" in argv
@@ -106,20 +113,35 @@ def test_turning_defaults_off_uses_vllms_no_flags() -> None:
             {"method": "eagle3", "model": "org/eagle3-head", "num_speculative_tokens": 3},
         ),
         (
-            {"method": "draft_model", "model": "org/tiny", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
-            {"method": "draft_model", "model": "org/tiny", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
+            {
+                "method": "draft_model",
+                "model": "org/tiny",
+                "num_speculative_tokens": 4,
+                "draft_tensor_parallel_size": 1,
+            },
+            {
+                "method": "draft_model",
+                "model": "org/tiny",
+                "num_speculative_tokens": 4,
+                "draft_tensor_parallel_size": 1,
+            },
         ),
         ({"method": "mtp", "num_speculative_tokens": 1}, {"method": "mtp", "num_speculative_tokens": 1}),
     ],
 )
-def test_speculative_decoding_becomes_one_json_speculative_config(spec: dict[str, Any], expected: dict[str, Any]) -> None:
+def test_speculative_decoding_becomes_one_json_speculative_config(
+    spec: dict[str, Any], expected: dict[str, Any]
+) -> None:
     argv = argv_of(speculative=spec)
     assert json.loads(flag_value(argv, "--speculative-config")) == expected
 
 
 def test_speculative_options_pass_through_into_the_json() -> None:
     argv = argv_of(speculative={"method": "mtp", "options": {"disable_padded_drafter_batch": True}})
-    assert json.loads(flag_value(argv, "--speculative-config")) == {"method": "mtp", "disable_padded_drafter_batch": True}
+    assert json.loads(flag_value(argv, "--speculative-config")) == {
+        "method": "mtp",
+        "disable_padded_drafter_batch": True,
+    }
 
 
 def test_unknown_extra_flags_pass_through_after_ours() -> None:
@@ -144,7 +166,9 @@ def test_replicas_stay_inside_the_gpus_the_gateway_was_given() -> None:
     plans = plan_replicas(VllmLaunch(model="m", replicas=2), "d", {"CUDA_VISIBLE_DEVICES": "4,5,6"})
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["4", "5"]
     with pytest.raises(LaunchError, match=r"4 GPUs needed .* offers 3: 4,5,6"):
-        plan_replicas(VllmLaunch(model="m", replicas=2, tensor_parallel_size=2), "d", {"CUDA_VISIBLE_DEVICES": "4,5,6"})
+        plan_replicas(
+            VllmLaunch(model="m", replicas=2, tensor_parallel_size=2), "d", {"CUDA_VISIBLE_DEVICES": "4,5,6"}
+        )
 
 
 def test_without_a_gpu_list_replicas_take_gpus_from_zero() -> None:
@@ -176,28 +200,67 @@ def test_command_line_quotes_what_the_shell_needs() -> None:
 @pytest.mark.parametrize(
     ("knobs", "message"),
     [
-        ({"replicas": 3, "tensor_parallel_size": 2, "gpus": [0, 1, 2, 3]}, "= 6 GPUs needed, but gpus lists 4"),
-        ({"replicas": 2, "pipeline_parallel_size": 2, "gpus": [0, 1, 2]}, "= 4 GPUs needed, but gpus lists 3"),
+        (
+            {"replicas": 3, "tensor_parallel_size": 2, "gpus": [0, 1, 2, 3]},
+            "= 6 GPUs needed, but gpus lists 4",
+        ),
+        (
+            {"replicas": 2, "pipeline_parallel_size": 2, "gpus": [0, 1, 2]},
+            "= 4 GPUs needed, but gpus lists 3",
+        ),
         ({"gpus": [0, 0]}, "lists a GPU twice"),
         ({"calculate_kv_scales": True}, "calculate_kv_scales only applies to an fp8 KV cache"),
-        ({"kv_cache_dtype": "auto", "calculate_kv_scales": True}, "calculate_kv_scales only applies to an fp8 KV cache"),
-        ({"max_num_seqs": 256, "max_num_batched_tokens": 128}, "max_num_batched_tokens (128) must be >= max_num_seqs (256)"),
+        (
+            {"kv_cache_dtype": "auto", "calculate_kv_scales": True},
+            "calculate_kv_scales only applies to an fp8 KV cache",
+        ),
+        (
+            {"max_num_seqs": 256, "max_num_batched_tokens": 128},
+            "max_num_batched_tokens (128) must be >= max_num_seqs (256)",
+        ),
         (
             {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048, "max_model_len": 8192},
             "is smaller than max_model_len (8192)",
         ),
-        ({"speculative": {"method": "eagle", "num_speculative_tokens": 3}}, "speculative method 'eagle' needs a draft model"),
+        (
+            {"speculative": {"method": "eagle", "num_speculative_tokens": 3}},
+            "speculative method 'eagle' needs a draft model",
+        ),
         ({"speculative": {"method": "draft_model"}}, "'draft_model' needs a draft model"),
-        ({"speculative": {"method": "ngram", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 3}}, "drafts without a model"),
+        (
+            {
+                "speculative": {
+                    "method": "ngram",
+                    "model": "x",
+                    "num_speculative_tokens": 2,
+                    "prompt_lookup_max": 3,
+                }
+            },
+            "drafts without a model",
+        ),
         ({"speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "needs prompt_lookup_max"),
         ({"speculative": {"method": "ngram", "prompt_lookup_max": 3}}, "needs num_speculative_tokens"),
         (
-            {"speculative": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 5}},
+            {
+                "speculative": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 2,
+                    "prompt_lookup_max": 2,
+                    "prompt_lookup_min": 5,
+                }
+            },
             "prompt_lookup_min (5) is larger than prompt_lookup_max (2)",
         ),
-        ({"speculative": {"method": "mtp", "prompt_lookup_max": 2}}, "only apply to speculative method 'ngram'"),
         (
-            {"tensor_parallel_size": 4, "gpus": [0, 1, 2, 3], "speculative": {"method": "eagle", "model": "h", "draft_tensor_parallel_size": 2}},
+            {"speculative": {"method": "mtp", "prompt_lookup_max": 2}},
+            "only apply to speculative method 'ngram'",
+        ),
+        (
+            {
+                "tensor_parallel_size": 4,
+                "gpus": [0, 1, 2, 3],
+                "speculative": {"method": "eagle", "model": "h", "draft_tensor_parallel_size": 2},
+            },
             "draft_tensor_parallel_size (2) must be 1 or the target's tensor_parallel_size (4)",
         ),
         ({"speculative": {"method": "mtp", "options": {"method": "ngram"}}}, "repeats keys"),
@@ -209,13 +272,18 @@ def test_command_line_quotes_what_the_shell_needs() -> None:
         ({"extra_args": ["--api-key=abc"]}, "extra_args must not set --api-key"),
         ({"extra_args": ["-dp", "2"]}, "replicas"),
         ({"max_num_seqs": 8, "extra_args": ["--max-num-seqs", "16"]}, "knob 'max_num_seqs' already sets"),
-        ({"tensor_parallel_size": 2, "gpus": [0, 1], "extra_args": ["-tp", "2"]}, "knob 'tensor_parallel_size'"),
+        (
+            {"tensor_parallel_size": 2, "gpus": [0, 1], "extra_args": ["-tp", "2"]},
+            "knob 'tensor_parallel_size'",
+        ),
         ({"extra_args": ["--no-enable-prefix-caching"]}, "knob 'enable_prefix_caching' already sets"),
         ({"restart_backoff_s": 10, "restart_backoff_max_s": 5}, "restart_backoff_max_s is smaller"),
         ({"max_num_sequences": 3}, "Extra inputs are not permitted"),
     ],
 )
-def test_contradictory_or_invalid_settings_are_refused_before_launch(knobs: dict[str, Any], message: str) -> None:
+def test_contradictory_or_invalid_settings_are_refused_before_launch(
+    knobs: dict[str, Any], message: str
+) -> None:
     assert message in error_of(**knobs)
 
 

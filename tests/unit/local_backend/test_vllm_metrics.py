@@ -150,8 +150,12 @@ def test_interval_gives_the_hit_rate_and_ttft_between_two_scrapes() -> None:
 
 
 def test_interval_after_a_restart_counts_from_zero() -> None:
-    before = VllmFigures(prefix_cache_queries_tokens=5000, prefix_cache_hits_tokens=4000, ttft_count=50, ttft_sum_s=5)
-    after = VllmFigures(prefix_cache_queries_tokens=200, prefix_cache_hits_tokens=50, ttft_count=2, ttft_sum_s=1)
+    before = VllmFigures(
+        prefix_cache_queries_tokens=5000, prefix_cache_hits_tokens=4000, ttft_count=50, ttft_sum_s=5
+    )
+    after = VllmFigures(
+        prefix_cache_queries_tokens=200, prefix_cache_hits_tokens=50, ttft_count=2, ttft_sum_s=1
+    )
     delta = interval(before, after)
     assert (delta.queries_tokens, delta.hits_tokens, delta.requests) == (200, 50, 2)
     assert interval(None, VllmFigures()).hit_rate is None

@@ -6,27 +6,51 @@ from gateway.routing.features import FEATURE_NAMES, extract
 
 
 def chat(text: str, **extra: object) -> dict[str, object]:
-    return {"model": "auto", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}], **extra}
+    return {
+        "model": "auto",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+        **extra,
+    }
 
 
 def test_sizes_and_turns() -> None:
-    f = extract({"model": "auto", "messages": [
-        {"role": "system", "content": "s" * 400},
-        {"role": "user", "content": "u" * 40},
-        {"role": "assistant", "content": "a" * 40},
-        {"role": "user", "content": [{"type": "text", "text": "q" * 120}, {"type": "image_url", "image_url": {}}]},
-    ]})
+    f = extract(
+        {
+            "model": "auto",
+            "messages": [
+                {"role": "system", "content": "s" * 400},
+                {"role": "user", "content": "u" * 40},
+                {"role": "assistant", "content": "a" * 40},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "q" * 120}, {"type": "image_url", "image_url": {}}],
+                },
+            ],
+        }
+    )
     assert f.prompt_tokens == (400 + 40 + 40 + 120) // 4
     assert f.turns == 3
     assert f.last_user_chars == 120
 
 
 def test_tools_json_limits_and_effort() -> None:
-    f = extract(chat("hi", tools=[{"type": "function", "function": {"name": "x"}}],
-                     response_format={"type": "json_schema", "json_schema": {}}, max_tokens=900, reasoning_effort="high"))
+    f = extract(
+        chat(
+            "hi",
+            tools=[{"type": "function", "function": {"name": "x"}}],
+            response_format={"type": "json_schema", "json_schema": {}},
+            max_tokens=900,
+            reasoning_effort="high",
+        )
+    )
     assert f.has_tools and f.json_mode and f.max_tokens == 900 and f.reasoning_effort == 3.0
     plain = extract(chat("hi", response_format={"type": "text"}))
-    assert not plain.has_tools and not plain.json_mode and plain.max_tokens is None and plain.reasoning_effort is None
+    assert (
+        not plain.has_tools
+        and not plain.json_mode
+        and plain.max_tokens is None
+        and plain.reasoning_effort is None
+    )
     assert extract(chat("hi", max_completion_tokens=50)).max_tokens == 50
 
 
@@ -43,7 +67,9 @@ def test_math_density() -> None:
 
 def test_reasoning_cues_are_word_starts() -> None:
     assert extract(chat("Prove it, then explain why, step by step.")).reasoning_cues == 4
-    assert extract(chat("Please improve this reasonable text")).reasoning_cues == 1  # "reasonable", not "improve"
+    assert (
+        extract(chat("Please improve this reasonable text")).reasoning_cues == 1
+    )  # "reasonable", not "improve"
 
 
 def test_questions_and_numbered_parts() -> None:

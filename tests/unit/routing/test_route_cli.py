@@ -31,7 +31,10 @@ def test_fit_then_eval_agrees_with_the_labels(tmp_path: Path, capsys: pytest.Cap
     policy_file = tmp_path / "p.yaml"
     policy_file.write_text(BASE + yaml.safe_dump(block))
     capsys.readouterr()
-    assert main(["route", "eval", str(LABELED), "--policy", str(policy_file), "--plot", str(tmp_path / "s.png")]) == 0
+    assert (
+        main(["route", "eval", str(LABELED), "--policy", str(policy_file), "--plot", str(tmp_path / "s.png")])
+        == 0
+    )
     text = capsys.readouterr().out
     agreement = float(text.split("agreement with the labels: ")[1].split("%")[0])
     assert agreement >= 90
@@ -48,11 +51,17 @@ def test_fit_rejects_bad_labels(tmp_path: Path) -> None:
     assert "label must be 'fast' or 'strong'" in str(info.value)
 
 
-def test_calibrate_hits_the_requested_strong_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_hits_the_requested_strong_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     policy_file = tmp_path / "p.yaml"
-    classifier = "routing:\n  classifier: {bias: -1.6, weights: {reasoning_cues: 3.5, last_user_chars: 1.6}}\n"
+    classifier = (
+        "routing:\n  classifier: {bias: -1.6, weights: {reasoning_cues: 3.5, last_user_chars: 1.6}}\n"
+    )
     policy_file.write_text(BASE + classifier)
-    assert main(["route", "calibrate", str(LABELED), "--strong-share", "0.3", "--policy", str(policy_file)]) == 0
+    assert (
+        main(["route", "calibrate", str(LABELED), "--strong-share", "0.3", "--policy", str(policy_file)]) == 0
+    )
     threshold = yaml.safe_load(capsys.readouterr().out)["routing"]["threshold"]
     router = Router(parse_policy(BASE + classifier + f"  threshold: {threshold}\n", "p"))
     rows = [json.loads(line) for line in LABELED.read_text().splitlines()]
@@ -62,14 +71,30 @@ def test_calibrate_hits_the_requested_strong_share(tmp_path: Path, capsys: pytes
 
 def test_explain_prints_features_score_and_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy_file = tmp_path / "p.yaml"
-    policy_file.write_text(BASE + "routing:\n  rules: [{name: tools, when: {has_tools: true}, tier: strong}]\n"
-                           "  classifier: {bias: -1.0, weights: {reasoning_cues: 4.0}}\n")
+    policy_file.write_text(
+        BASE + "routing:\n  rules: [{name: tools, when: {has_tools: true}, tier: strong}]\n"
+        "  classifier: {bias: -1.0, weights: {reasoning_cues: 4.0}}\n"
+    )
     request = tmp_path / "r.json"
-    request.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Prove it, why?"}]}))
+    request.write_text(
+        json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Prove it, why?"}]})
+    )
     assert main(["route", "explain", "--policy", str(policy_file), str(request)]) == 0
     out = capsys.readouterr().out
-    assert "reasoning_cues" in out and "score: " in out and "tier: strong" in out and "deployments, in order: s" in out
-    request.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}],
-                                   "tools": [{"type": "function", "function": {"name": "t"}}]}))
+    assert (
+        "reasoning_cues" in out
+        and "score: " in out
+        and "tier: strong" in out
+        and "deployments, in order: s" in out
+    )
+    request.write_text(
+        json.dumps(
+            {
+                "model": "auto",
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "t"}}],
+            }
+        )
+    )
     assert main(["route", "explain", "--policy", str(policy_file), str(request)]) == 0
     assert "rule: tools" in capsys.readouterr().out

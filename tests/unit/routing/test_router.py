@@ -59,12 +59,15 @@ def test_score_equal_to_the_threshold_goes_strong() -> None:
 
 
 def test_rules_first_match_wins_and_beat_the_classifier() -> None:
-    r = router(CLASSIFIER + """
+    r = router(
+        CLASSIFIER
+        + """
   rules:
     - {when: {has_tools: true}, tier: strong}
     - {name: short, when: {prompt_tokens: {lt: 100}}, tier: fast}
     - {when: {prompt_tokens: {lt: 100}}, tier: strong}
-""")
+"""
+    )
     tools = r.resolve(chat("prove it", tools=[{"type": "function", "function": {"name": "t"}}]))
     assert tools.header() == "tier=strong; by=rule:has_tools"
     short = r.resolve(chat("prove and derive and explain"))
@@ -84,7 +87,10 @@ routing:
     assert r.resolve(chat("x" * 40)).header() == "tier=strong; by=rule:long"
     assert r.resolve(chat("x" * 100)).tier == "fast"
     assert r.resolve({**chat("x"), "model": "gpt-4.1"}).header() == "tier=strong; by=rule:named"
-    assert r.resolve(chat("x", response_format={"type": "json_object"})).header() == "tier=strong; by=rule:notjson"
+    assert (
+        r.resolve(chat("x", response_format={"type": "json_object"})).header()
+        == "tier=strong; by=rule:notjson"
+    )
 
 
 def test_hint_beats_rules_unless_disabled() -> None:
@@ -103,7 +109,10 @@ def test_names_bypass_or_choose_the_tier() -> None:
 
 
 def test_route_all_routes_every_name() -> None:
-    assert router("routing: {route_all: true, default_tier: strong}").resolve({**chat("x"), "model": "f1"}).tier == "strong"
+    assert (
+        router("routing: {route_all: true, default_tier: strong}").resolve({**chat("x"), "model": "f1"}).tier
+        == "strong"
+    )
 
 
 def test_preference_order_with_an_open_circuit_last() -> None:
@@ -155,11 +164,23 @@ def test_linear_contributions_sum_to_the_logit() -> None:
 @pytest.mark.parametrize(
     ("block", "path", "text"),
     [
-        ("routing:\n  rules: [{when: {vibes: 3}, tier: strong}]", "routing.rules[0].when", "unknown feature 'vibes'"),
+        (
+            "routing:\n  rules: [{when: {vibes: 3}, tier: strong}]",
+            "routing.rules[0].when",
+            "unknown feature 'vibes'",
+        ),
         ("routing:\n  classifier: {weights: {vibes: 1.0}}", "routing.classifier.weights", "unknown feature"),
         ("routing:\n  threshold: 1.5", "routing.threshold", "less than or equal to 1"),
-        ("routing:\n  rules: [{when: {has_tools: true}, tier: medium}]", "routing.rules[0].tier", "unknown tier 'medium'"),
-        ("routing:\n  rules: [{when: {prompt_tokens: {above: 3}}, tier: strong}]", "routing.rules[0].when", "comparisons"),
+        (
+            "routing:\n  rules: [{when: {has_tools: true}, tier: medium}]",
+            "routing.rules[0].tier",
+            "unknown tier 'medium'",
+        ),
+        (
+            "routing:\n  rules: [{when: {prompt_tokens: {above: 3}}, tier: strong}]",
+            "routing.rules[0].when",
+            "comparisons",
+        ),
     ],
 )
 def test_malformed_routing_blocks_are_rejected_with_their_path(block: str, path: str, text: str) -> None:

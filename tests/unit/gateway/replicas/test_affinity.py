@@ -12,7 +12,10 @@ URLS = [f"http://10.0.0.{i}:8000/v1" for i in range(4)]
 
 
 def chat(system: str, user: str, tools: list[object] | None = None) -> dict[str, object]:
-    body: dict[str, object] = {"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    body: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
     if tools:
         body["tools"] = tools
     return body
@@ -29,7 +32,9 @@ def test_the_same_system_prompt_and_tools_hash_alike_whatever_the_user_says() ->
 
 def test_leading_system_and_developer_messages_count_later_ones_do_not() -> None:
     base = [{"role": "system", "content": "S"}, {"role": "developer", "content": "D"}]
-    one = stable_prefix_hash({"messages": [*base, {"role": "user", "content": "1"}, {"role": "system", "content": "x"}]})
+    one = stable_prefix_hash(
+        {"messages": [*base, {"role": "user", "content": "1"}, {"role": "system", "content": "x"}]}
+    )
     two = stable_prefix_hash({"messages": [*base, {"role": "user", "content": "2"}]})
     assert one == two
     assert stable_prefix_hash({"messages": [{"role": "user", "content": "just a question"}]}) is None
@@ -40,7 +45,9 @@ def test_prompt_cache_key_wins_and_completions_use_the_leading_bytes() -> None:
         {"prompt_cache_key": "tenant-7", "messages": [{"role": "system", "content": "other"}]}
     )
     head = "x" * 1024
-    assert stable_prefix_hash({"prompt": head + "tail one"}) == stable_prefix_hash({"prompt": head + "tail two"})
+    assert stable_prefix_hash({"prompt": head + "tail one"}) == stable_prefix_hash(
+        {"prompt": head + "tail two"}
+    )
     assert stable_prefix_hash({"prompt": ""}) is None
 
 

@@ -60,16 +60,34 @@ def test_replica_urls_give_the_base_url() -> None:
 @pytest.mark.parametrize(
     ("deployment", "message"),
     [
-        ("  local: {provider: openai, model: m, launch: {}}", "deployments.local: Value error, launch and replicas need provider: vllm"),
+        (
+            "  local: {provider: openai, model: m, launch: {}}",
+            "deployments.local: Value error, launch and replicas need provider: vllm",
+        ),
         ("  local: {provider: vllm, launch: {port: 9000}}", "launch.model: name the model vLLM should load"),
-        ("  local: {provider: vllm, model: m, base_url: 'http://127.0.0.1:8001/v1', launch: {port: 9000}}", "does not match the launch (http://127.0.0.1:9000/v1"),
-        ("  local: {provider: vllm, model: m, launch: {served_model_name: other}}", "launch.served_model_name ('other') differs from model ('m')"),
+        (
+            "  local: {provider: vllm, model: m, base_url: 'http://127.0.0.1:8001/v1', launch: {port: 9000}}",
+            "does not match the launch (http://127.0.0.1:9000/v1",
+        ),
+        (
+            "  local: {provider: vllm, model: m, launch: {served_model_name: other}}",
+            "launch.served_model_name ('other') differs from model ('m')",
+        ),
         ("  local: {provider: vllm, model: m, launch: {}, replicas: {urls: ['http://a:1/v1']}}", "not both"),
-        ("  local: {provider: vllm, base_url: 'http://c:1/v1', replicas: {urls: ['http://a:1/v1']}}", "is not one of replicas.urls"),
+        (
+            "  local: {provider: vllm, base_url: 'http://c:1/v1', replicas: {urls: ['http://a:1/v1']}}",
+            "is not one of replicas.urls",
+        ),
         ("  local: {provider: vllm, replicas: {urls: ['ftp://a']}}", "must start with http://"),
         ("  local: {provider: vllm, replicas: {urls: ['http://a:1/v1'], load_factor: 1.0}}", "load_factor"),
-        ("  local: {provider: vllm, model: m, launch: {replicas: 2, tensor_parallel_size: 2, gpus: [0, 1, 2]}}", "= 4 GPUs needed, but gpus lists 3"),
-        ("  local: {provider: vllm, model: m, launch: {speculative: {method: eagle3}}}", "'eagle3' needs a draft model"),
+        (
+            "  local: {provider: vllm, model: m, launch: {replicas: 2, tensor_parallel_size: 2, gpus: [0, 1, 2]}}",
+            "= 4 GPUs needed, but gpus lists 3",
+        ),
+        (
+            "  local: {provider: vllm, model: m, launch: {speculative: {method: eagle3}}}",
+            "'eagle3' needs a draft model",
+        ),
     ],
 )
 def test_contradictions_are_reported_with_their_path(deployment: str, message: str) -> None:
@@ -85,7 +103,9 @@ def test_a_bad_knob_is_reported_at_its_line_and_path() -> None:
     launch:
       max_num_seqs: 0
 """)
-    assert found == ["line 7: deployments.local.launch.max_num_seqs: Input should be greater than or equal to 1"]
+    assert found == [
+        "line 7: deployments.local.launch.max_num_seqs: Input should be greater than or equal to 1"
+    ]
 
 
 def test_two_launches_on_one_port_are_refused() -> None:

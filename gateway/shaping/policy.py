@@ -1,0 +1,61 @@
+"""The ``shaping`` section of a policy: how prompts are reordered for prefix caches."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gateway._model import Seconds, StrictModel
+
+Detector = Literal[
+    "iso_date", "written_date", "time", "weekday", "uuid", "hex_id", "base64_id", "epoch", "request_id"
+]
+DETECTORS: tuple[Detector, ...] = (
+    "iso_date", "written_date", "time", "weekday", "uuid", "hex_id", "base64_id", "epoch", "request_id",
+)  # fmt: skip
+
+
+class RagPolicy(StrictModel):
+    """Marked retrieval context in the system prompt moves, as one block and with its
+    documents in their order, after the instructions (opt-in)."""
+
+    enabled: bool = False
+    markers: list[tuple[str, str]] = Field(
+        default_factory=lambda: [("<context>", "</context>"), ("<documents>", "</documents>")]
+    )
+
+
+class ShapingPolicy(StrictModel):
+    """Prompt shaping (see README "Prompt shaping")."""
+
+    enabled: bool = True
+    sort_tools: bool = True
+    canonical_json: bool = True
+    detectors: list[Detector] = Field(default_factory=lambda: list(DETECTORS))
+    volatile_patterns: list[str] = Field(
+        default_factory=list, description="Extra regexes that mark a line volatile."
+    )
+    learn: bool = True
+    learn_min_requests: int = Field(8, ge=2, description="Requests of a template before its counts decide.")
+    stable_share: float = Field(
+        0.8, gt=0, le=1, description="A line in at least this share of them is stable."
+    )
+    placement: Literal["end_of_system", "before_last_user"] = "before_last_user"
+    rag: RagPolicy = Field(default_factory=RagPolicy)
+    prompt_cache_key: bool = True
+    cache_ttl_s: Seconds = Field(
+        600.0, gt=0, description="How long the gateway expects a provider to keep a prefix."
+    )
+    report_previews: bool = True
+
+    @field_validator("volatile_patterns")
+    @classmethod
+    def _regexes(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from None
+        return patterns

@@ -1,0 +1,134 @@
+"""The learned stability model: which system-prompt lines of a template recur.
+
+Per template (the hash of its masked skeleton), Redis counts how many of its recent
+requests carried each line (by hash) — ``sy:stab:{template}:{hour}``, the current and
+the previous hour read together, so old habits fade. A line found in at least
+``stable_share`` of the template's requests is stable; one found in fewer is volatile
+(a user's name, a retrieved snippet: content no detector knows). Until a template has
+``learn_min_requests`` requests the detectors alone decide.
+
+The request path reads only in-process counts. They are updated with each request and
+replaced, off the request path, by the shared counts from Redis (every few seconds, and
+as soon as a template is first seen), so the model is shared by every replica and
+survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.store.writer import StatsWriter
+
+_log = structlog.get_logger("switchyard.shaping")
+
+COUNT_FIELD = "__n"
+HOUR_S = 3600
+TTL_S = 3 * HOUR_S
+
+
+def line_hash(line: str) -> str:
+    return f"{zlib.crc32(line.encode()):08x}"
+
+
+def _key(template: str, hour: int) -> str:
+    return f"sy:stab:{{{template}}}:{hour}"
+
+
+@dataclass(slots=True)
+class _Counts:
+    n: int = 0
+    lines: dict[str, int] = field(default_factory=dict)
+    fresh: bool = False  # loaded from Redis at least once
+
+
+class StabilityModel:
+    """Line counts per template: local reads, shared through Redis."""
+
+    def __init__(self, max_templates: int = 5_000) -> None:
+        self._templates: OrderedDict[str, _Counts] = OrderedDict()
+        self._max = max_templates
+        self._to_load: set[str] = set()
+        self._wake = asyncio.Event()
+
+    def verdicts(
+        self, template: str, hashes: list[str], min_requests: int, stable_share: float
+    ) -> list[bool | None]:
+        """Per line: True stable, False volatile, None not known yet."""
+        counts = self._templates.get(template)
+        if counts is None or counts.n < min_requests:
+            return [None] * len(hashes)
+        need = stable_share * counts.n
+        return [counts.lines.get(h, 0) >= need for h in hashes]
+
+    def observe(self, template: str, hashes: list[str], writer: StatsWriter | None) -> None:
+        """Count one request of ``template`` carrying these lines."""
+        counts = self._templates.get(template)
+        if counts is None:
+            counts = self._templates[template] = _Counts()
+            self._to_load.add(template)
+            self._wake.set()
+            if len(self._templates) > self._max:
+                self._templates.popitem(last=False)
+        else:
+            self._templates.move_to_end(template)
+        counts.n += 1
+        for h in set(hashes):
+            counts.lines[h] = counts.lines.get(h, 0) + 1
+        if counts.n > 10_000:  # without Redis nothing else ages the counts
+            counts.n //= 2
+            counts.lines = {h: c // 2 for h, c in counts.lines.items() if c > 1}
+        if writer is not None:
+            key = _key(template, int(time.time()) // HOUR_S)
+            writer.hincr(key, COUNT_FIELD, 1, TTL_S)
+            for h in set(hashes):
+                writer.hincr(key, h, 1, TTL_S)
+
+    async def sync(self, redis: Redis, interval_s: float = 5.0) -> None:
+        """Load new templates at once and refresh the active ones every ``interval_s``, until cancelled."""
+        last_full = 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            now = time.monotonic()
+            if now - last_full >= interval_s:
+                names = list(self._templates)[-500:]  # the most recently used
+                last_full = now
+            else:
+                names = list(self._to_load)
+            self._to_load.clear()
+            if not names:
+                continue
+            try:
+                async with asyncio.timeout(1.0):
+                    await self._load(redis, names)
+            except (RedisError, OSError, TimeoutError) as exc:
+                _log.debug("stability_sync_failed", error=repr(exc))
+
+    async def _load(self, redis: Redis, names: list[str]) -> None:
+        hour = int(time.time()) // HOUR_S
+        pipe = redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(_key(name, hour))
+            pipe.hgetall(_key(name, hour - 1))
+        replies = await pipe.execute()
+        for i, name in enumerate(names):
+            merged: dict[str, int] = {}
+            for reply in replies[2 * i : 2 * i + 2]:
+                for raw_field, raw_value in reply.items():
+                    key = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                    merged[key] = merged.get(key, 0) + int(raw_value)
+            n = merged.pop(COUNT_FIELD, 0)
+            counts = self._templates.get(name)
+            if counts is not None and n >= counts.n:
+                counts.n, counts.lines, counts.fresh = n, merged, True

@@ -1,0 +1,64 @@
+"""Volatile content: what changes from one request of a template to the next.
+
+Built-in detectors find dates, times, weekdays, UUIDs, long hex and base64 ids, epoch
+timestamps and request ids; a policy adds its own regexes. Lines are the unit: a
+system prompt's line that holds one is volatile. Results are memoized per line text,
+so the stable lines that every request repeats cost a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+from gateway.shaping.policy import Detector
+
+_MONTHS = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+PATTERNS: dict[Detector, str] = {
+    "iso_date": (
+        r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
+        r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
+    ),
+    "written_date": (
+        rf"\b(?:{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}"
+        rf"|\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS},? \d{{4}})\b"
+    ),
+    "time": r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[ap]\.?m\.?)?\b",
+    "weekday": r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b",
+    "uuid": r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
+    "hex_id": r"\b[0-9a-f]{16,}\b",
+    "base64_id": r"\b(?=[A-Za-z0-9+/_-]*\d)(?=[A-Za-z0-9+/_-]*[A-Z])[A-Za-z0-9+/_-]{24,}={0,2}",
+    "epoch": r"\b1[5-9]\d{8}(?:\d{3})?\b",
+    "request_id": r"\b(?:req|request|trace|session|conv|msg|call|run)[_-](?:id[_:=-]?)?[A-Za-z0-9]{6,}\b",
+}
+MASK = "<*>"
+
+
+class Detectors:
+    """The compiled detectors of one policy, with a bounded memo per line."""
+
+    def __init__(self, detectors: list[Detector], extra: list[str], memo_size: int = 20_000) -> None:
+        sources = [PATTERNS[d] for d in detectors] + list(extra)
+        self._regex = re.compile("|".join(f"(?:{s})" for s in sources), re.IGNORECASE) if sources else None
+        self._memo: OrderedDict[str, tuple[bool, str]] = OrderedDict()
+        self._memo_size = memo_size
+
+    def line(self, text: str) -> tuple[bool, str]:
+        """``(volatile, masked)`` for one line: whether a detector fires, and the line with
+        every match replaced by ``<*>`` (the template skeleton is built from masked lines)."""
+        memo = self._memo
+        found = memo.get(text)
+        if found is not None:
+            return found
+        if self._regex is None or not text:
+            found = (False, text)
+        else:
+            masked, hits = self._regex.subn(MASK, text)
+            found = (hits > 0, masked)
+        memo[text] = found
+        if len(memo) > self._memo_size:
+            memo.popitem(last=False)
+        return found
