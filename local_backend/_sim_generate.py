@@ -385,6 +385,8 @@ class _Generation:
                 pending.append(_MALFORMED)
 
         await wait_until(self.first_at)
+        if faulty:
+            await before_chunk()  # a fault after 0 chunks comes before the opening event
         pending.extend(self._opening(events))
         steps = -(-self.max_tokens_out // chunk_tokens)
         for step in range(steps):

@@ -76,7 +76,8 @@ MODEL:SPEC[@RATE][#COUNT]`` and ``POST /sim/faults {"model", "fault", "rate", "c
   truncated ``{"answer": "...`` (JSON requested or not). ``length=N`` (default 3): the
   answer stops after N tokens with ``finish_reason`` length.
 
-K counts content chunks over all choices; a K at or past the last chunk fires after the
+K counts content chunks over all choices; K=0 fires before the opening (role) event, so
+nothing valid precedes the fault; a K at or past the last chunk fires after the
 last one (before the usage chunk and ``[DONE]``). Embeddings honour only the first four
 kinds and ``slow_first_token``. Every injected fault is counted in ``/sim/stats``.
 
