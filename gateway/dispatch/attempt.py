@@ -143,6 +143,9 @@ def _headers(ctx: RequestContext) -> dict[str, str]:
     return {"x-request-id": ctx.request_id}
 
 
+_EPHEMERAL = {"type": "ephemeral"}
+
+
 def with_hints(ctx: RequestContext, upstream: Upstream, body: dict[str, Any]) -> dict[str, Any]:
     """Provider cache hints for this deployment: OpenAI's ``prompt_cache_key`` (the stable
     prefix's hash, when the client set none), or a ``cache_control`` breakpoint at the end of
@@ -158,17 +161,26 @@ def with_hints(ctx: RequestContext, upstream: Upstream, body: dict[str, Any]) ->
     ):
         body = {**body, "prompt_cache_key": shape.prefix_hash}
     messages = body.get("messages")
-    if deployment.cache_breakpoints and shape.head_stable_chars and isinstance(messages, list) and messages:
-        head = messages[0]
-        content = head.get("content") if isinstance(head, dict) else None
-        if isinstance(content, str):
-            cut = shape.head_stable_chars
-            parts: list[dict[str, Any]] = [
-                {"type": "text", "text": content[:cut], "cache_control": {"type": "ephemeral"}}
-            ]
-            if content[cut:]:
-                parts.append({"type": "text", "text": content[cut:]})
-            body = {**body, "messages": [{**head, "content": parts}, *messages[1:]]}
+    if not deployment.cache_breakpoints or not isinstance(messages, list) or not messages:
+        return body
+    head = messages[0]
+    content = head.get("content") if isinstance(head, dict) else None
+    parts: list[Any] | None = None
+    if isinstance(content, str) and shape.head_stable_chars:
+        cut = shape.head_stable_chars
+        parts = [{"type": "text", "text": content[:cut], "cache_control": _EPHEMERAL}]
+        if content[cut:]:
+            parts.append({"type": "text", "text": content[cut:]})
+    elif (
+        isinstance(content, list)
+        and shape.head_stable_parts
+        and isinstance(content[shape.head_stable_parts - 1], dict)
+    ):
+        parts = list(content)
+        last = shape.head_stable_parts - 1
+        parts[last] = {**parts[last], "cache_control": _EPHEMERAL}
+    if parts is not None:
+        body = {**body, "messages": [{**head, "content": parts}, *messages[1:]]}
     return body
 
 

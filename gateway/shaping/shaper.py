@@ -1,7 +1,8 @@
 """Prompt shaping: stable content first, volatile content last, nothing that means something moved.
 
-The unit of the system prompt is the line (its parts, for array content). The head
-system (or developer) message's volatile lines — found by the detectors or by the
+The unit of the system prompt is the line (the content part, for array content: a text
+part moves whole, other parts never move). The head system (or developer) message's
+volatile lines — found by the detectors or by the
 learned stability model — move, in their order, to the end of that message
 (``end_of_system``) or into a system message just before the newest user turn
 (``before_last_user``: the system prompt *and* the conversation history then stay a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,7 @@ from gateway.shaping.volatile import Detectors
 from gateway.store.writer import StatsWriter
 
 _HEAD_ROLES = ("system", "developer")
-_TEMPLATE_LINES = 3
+_LONG_NUMBER = re.compile(r"\d{16}")
 
 
 @dataclass(slots=True)
@@ -40,7 +42,9 @@ class ShapeResult:
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
-    """How much of the head system message (after shaping) is the stable part."""
+    """How much of the head system message (after shaping) is the stable part (string content)."""
+    head_stable_parts: int = 0
+    """How many of the head system message's parts (after shaping) are stable (array content)."""
     prefix_hash: str = ""
     """Hash of the tools and the stable head: the natural ``prompt_cache_key``."""
     segments: list[tuple[str, str, str]] = field(default_factory=list)
@@ -76,9 +80,18 @@ def _canonical_arguments(messages: list[Any]) -> None:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
                 continue
+            if _LONG_NUMBER.search(function["arguments"]):
+                continue  # a double could not hold it exactly: the bytes stay as they are
             with contextlib.suppress(orjson.JSONDecodeError):
                 parsed = orjson.loads(function["arguments"])
                 function["arguments"] = orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _part_text(part: Any) -> str | None:
+    """The text of a text content part; None for any other part (an image never moves)."""
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return None
 
 
 def _short(data: bytes | str) -> str:
@@ -115,8 +128,9 @@ class Shaper:
         """Reorder ``body`` in place (a chat completion request) and say what moved.
 
         ``template`` names the request's template explicitly; otherwise it is the hash of its
-        tool names and its three longest system lines, masked (short lines such as a user's
-        name or the date do not change it)."""
+        tool names and its longest system line, masked (the instructions, typically: a user's
+        name or the date does not change it; a template whose longest line varies is named
+        by the client, ``x-switchyard-template``)."""
         policy = self.policy
         result = ShapeResult()
         messages = body.get("messages")
@@ -137,21 +151,28 @@ class Shaper:
                 body["response_format"] = self._canonical(fmt)
         tool_names = ",".join(_tool_name(t) for t in tools) if isinstance(tools, list) else ""
         head = messages[0] if messages and isinstance(messages[0], dict) else None
-        if head is not None and head.get("role") in _HEAD_ROLES and isinstance(head.get("content"), str):
-            self._shape_head(body, messages, head, tool_names, result, stability, writer, template)
+        stable_head = b""
+        if (
+            head is not None
+            and head.get("role") in _HEAD_ROLES
+            and isinstance(head.get("content"), (str, list))
+        ):
+            self._shape_head(messages, head, tool_names, result, stability, writer, template)
+            content = head["content"]
+            if isinstance(content, str):
+                stable_head = content[: result.head_stable_chars].encode()
+            else:
+                stable_head = orjson.dumps(content[: result.head_stable_parts])
         else:
             result.template = template or (_short(tool_names) if tool_names else "-")
         tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
-        head_text = head.get("content") if head is not None and head.get("role") in _HEAD_ROLES else None
-        stable_head = head_text[: result.head_stable_chars] if isinstance(head_text, str) else ""
-        result.prefix_hash = hashlib.blake2b(tools_json + stable_head.encode(), digest_size=8).hexdigest()
+        result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
         self._signature(body, result)
         return result
 
     def _shape_head(
         self,
-        body: dict[str, Any],
         messages: list[Any],
         head: dict[str, Any],
         tool_names: str,
@@ -161,47 +182,74 @@ class Shaper:
         template: str | None,
     ) -> None:
         policy = self.policy
-        text: str = head["content"]
+        content: str | list[Any] = head["content"]
         rag_block = ""
-        if policy.rag.enabled:
-            text, rag_block = _cut_rag(text, policy.rag.markers)
-        lines = text.split("\n")
-        detected = [self.detectors.line(line) for line in lines]
-        longest = sorted((masked for _, masked in detected), key=len, reverse=True)[:_TEMPLATE_LINES]
-        result.template = template or _short("\n".join(sorted(longest)) + "|" + tool_names)
-        learned: list[bool | None] = [None] * len(lines)
+        units: list[Any]
+        if isinstance(content, str):
+            text = content
+            if policy.rag.enabled:
+                text, rag_block = _cut_rag(text, policy.rag.markers)
+            units = text.split("\n")
+            texts: list[str | None] = list(units)
+        else:
+            units = content
+            texts = [_part_text(part) for part in units]
+        detected = [self.detectors.line(t) if t is not None else (False, "") for t in texts]
+        longest = max((masked for _, masked in detected), key=len, default="")
+        result.template = template or _short(longest + "|" + tool_names)
+        learned: list[bool | None] = [None] * len(units)
         if stability is not None and policy.learn:
-            hashes = [line_hash(line) for line in lines]
+            hashes = [
+                line_hash(t if t is not None else orjson.dumps(u).decode())
+                for t, u in zip(texts, units, strict=True)
+            ]
             learned = stability.verdicts(
                 result.template, hashes, policy.learn_min_requests, policy.stable_share
             )
             stability.observe(result.template, hashes, writer)
-        stable: list[str] = []
-        volatile: list[str] = []
-        for line, (flagged, _), known in zip(lines, detected, learned, strict=True):
-            is_volatile = flagged if known is None else not known
-            # A blank line carries no content: it stays with the stable lines.
-            (volatile if is_volatile and line.strip() else stable).append(line)
-        stable_text = "\n".join(stable)
-        result.stable_prefix_tokens = len(stable_text) // 4
-        result.head_stable_chars = len(stable_text)
-        if not volatile and not rag_block:
-            result.head_stable_chars = len(text)
+        stable: list[Any] = []
+        volatile: list[Any] = []
+        stable_chars = 0
+        has_stable = False
+        for unit, t, (flagged, _), known in zip(units, texts, detected, learned, strict=True):
+            # Blank lines and non-text parts carry nothing that varies: they stay.
+            if t is not None and t.strip() and (flagged if known is None else not known):
+                volatile.append(unit)
+                continue
+            stable.append(unit)
+            stable_chars += len(t) if t is not None else 0
+            has_stable = has_stable or t is None or bool(t.strip())
+        joined = isinstance(content, str)
+        result.stable_prefix_tokens = stable_chars // 4
+        if not has_stable or (not volatile and not rag_block):
+            # Nothing volatile, or nothing but: either way nothing to gain by moving.
+            if has_stable:
+                result.head_stable_chars = len(content) if joined else 0
+                result.head_stable_parts = 0 if joined else len(units)
             return
-        if not [line for line in stable if line.strip()]:
-            result.head_stable_chars = 0
-            return  # everything is volatile: nothing to gain by moving
         result.moved = len(volatile)
         result.rag_moved = bool(rag_block)
-        new_head = "\n".join(stable)
-        if rag_block:
-            new_head = new_head.rstrip("\n") + "\n" + rag_block
+        new_head: str | list[Any]
+        tail: str | list[Any]
+        if joined:
+            instructions = "\n".join(stable)
+            result.head_stable_chars = len(instructions)
+            new_head = instructions.rstrip("\n") + "\n" + rag_block if rag_block else instructions
+            tail = "\n".join(volatile)
+        else:
+            new_head, tail = stable, volatile
+            result.head_stable_parts = len(stable)
         last_user = _last_user_index(messages)
         if volatile and policy.placement == "before_last_user" and last_user > 0:
             head["content"] = new_head
-            messages.insert(last_user, {"role": head["role"], "content": "\n".join(volatile)})
+            messages.insert(last_user, {"role": head["role"], "content": tail})
         else:
-            head["content"] = new_head + ("\n" + "\n".join(volatile) if volatile else "")
+            if not rag_block and units == [*stable, *volatile]:
+                result.moved = 0  # already stable first, volatile last: a shaped request
+            if joined:
+                head["content"] = f"{new_head}\n{tail}" if volatile else new_head
+            else:
+                head["content"] = [*stable, *volatile]
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         previews = self.policy.report_previews
@@ -217,11 +265,16 @@ class Shaper:
                 continue
             role = str(message.get("role", ""))
             content = message.get("content")
-            if i == 0 and role in _HEAD_ROLES and isinstance(content, str):
-                for n, line in enumerate(content.split("\n")):
-                    if line.strip():
-                        preview = self.detectors.line(line)[1][:80] if previews else ""
-                        segments.append((f"system line {n + 1}", _short(line), preview))
+            if i == 0 and role in _HEAD_ROLES and isinstance(content, (str, list)):
+                unit = "line" if isinstance(content, str) else "part"
+                pieces = content.split("\n") if isinstance(content, str) else content
+                for n, piece in enumerate(pieces):
+                    text = piece if isinstance(piece, str) else _part_text(piece)
+                    if text is None:
+                        segments.append((f"system {unit} {n + 1}", _short(orjson.dumps(piece)), ""))
+                    elif text.strip():
+                        preview = self.detectors.line(text)[1][:80] if previews else ""
+                        segments.append((f"system {unit} {n + 1}", _short(text), preview))
                 continue
             data = orjson.dumps(content)
             preview = (
