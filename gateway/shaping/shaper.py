@@ -94,6 +94,13 @@ def _part_text(part: Any) -> str | None:
     return None
 
 
+def _texts(content: str | list[Any]) -> list[str | None]:
+    """The head's units as text: its lines, or its parts' texts (None for a non-text part)."""
+    if isinstance(content, str):
+        return list(content.split("\n"))  # list[str] is not a list[str | None]
+    return [_part_text(part) for part in content]
+
+
 def _short(data: bytes | str) -> str:
     raw = data.encode() if isinstance(data, str) else data
     return f"{zlib.crc32(raw):08x}"
@@ -134,9 +141,26 @@ class Shaper:
         policy = self.policy
         result = ShapeResult()
         messages = body.get("messages")
-        if not isinstance(messages, list) or not policy.enabled:
+        if not isinstance(messages, list):
             return result
         tools = body.get("tools")
+        tool_names = ",".join(_tool_name(t) for t in tools) if isinstance(tools, list) else ""
+        head = messages[0] if messages and isinstance(messages[0], dict) else None
+        if (
+            head is None
+            or head.get("role") not in _HEAD_ROLES
+            or not isinstance(head.get("content"), (str, list))
+        ):
+            head = None
+        if not policy.enabled:
+            # Nothing changes; the template and its segments are still read, for the cache report.
+            if head is not None:
+                detected = [self._detect(t) for t in _texts(head["content"])]
+                result.template = template or self._template(detected, tool_names)
+            else:
+                result.template = template or (_short(tool_names) if tool_names else "-")
+            self._signature(body, result)
+            return result
         if isinstance(tools, list) and tools:
             if policy.canonical_json:
                 body["tools"] = tools = [self._canonical(tool) for tool in tools]
@@ -149,14 +173,10 @@ class Shaper:
             fmt = body.get("response_format")
             if isinstance(fmt, dict):
                 body["response_format"] = self._canonical(fmt)
-        tool_names = ",".join(_tool_name(t) for t in tools) if isinstance(tools, list) else ""
-        head = messages[0] if messages and isinstance(messages[0], dict) else None
+        if isinstance(tools, list):
+            tool_names = ",".join(_tool_name(t) for t in tools)
         stable_head = b""
-        if (
-            head is not None
-            and head.get("role") in _HEAD_ROLES
-            and isinstance(head.get("content"), (str, list))
-        ):
+        if head is not None:
             self._shape_head(messages, head, tool_names, result, stability, writer, template)
             content = head["content"]
             if isinstance(content, str):
@@ -170,6 +190,14 @@ class Shaper:
         result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
         self._signature(body, result)
         return result
+
+    def _detect(self, text: str | None) -> tuple[bool, str]:
+        return self.detectors.line(text) if text is not None else (False, "")
+
+    @staticmethod
+    def _template(detected: list[tuple[bool, str]], tool_names: str) -> str:
+        longest = max((masked for _, masked in detected), key=len, default="")
+        return _short(longest + "|" + tool_names)
 
     def _shape_head(
         self,
@@ -190,13 +218,11 @@ class Shaper:
             if policy.rag.enabled:
                 text, rag_block = _cut_rag(text, policy.rag.markers)
             units = text.split("\n")
-            texts: list[str | None] = list(units)
         else:
             units = content
-            texts = [_part_text(part) for part in units]
-        detected = [self.detectors.line(t) if t is not None else (False, "") for t in texts]
-        longest = max((masked for _, masked in detected), key=len, default="")
-        result.template = template or _short(longest + "|" + tool_names)
+        texts = _texts(text if isinstance(content, str) else content)
+        detected = [self._detect(t) for t in texts]
+        result.template = template or self._template(detected, tool_names)
         learned: list[bool | None] = [None] * len(units)
         if stability is not None and policy.learn:
             hashes = [

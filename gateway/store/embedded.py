@@ -51,6 +51,7 @@ class EmbeddedRedis:
         return f"unix://{self.socket_path}"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        os.makedirs(self._dir, exist_ok=True)  # again after a stop: same socket, same URL
         args = [
             self.binary,
             "--port", "0",
