@@ -24,11 +24,14 @@ from typing import Any
 import orjson
 
 from gateway.shaping.policy import ShapingPolicy
-from gateway.shaping.stability import StabilityModel, line_hash
-from gateway.shaping.volatile import Detectors
+from gateway.shaping.stability import StabilityModel
+from gateway.shaping.volatile import Detectors, line_hash
 from gateway.store.writer import StatsWriter
 
 _HEAD_ROLES = ("system", "developer")
+_NOT_TEXT = (False, "", "")
+_SIGNED_FIRST = 20
+_SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -46,7 +49,7 @@ class ShapeResult:
     head_stable_parts: int = 0
     """How many of the head system message's parts (after shaping) are stable (array content)."""
     prefix_hash: str = ""
-    """Hash of the tools and the stable head: the natural ``prompt_cache_key``."""
+    """Hash of the tools and the stable head's lines: the natural ``prompt_cache_key``."""
     segments: list[tuple[str, str, str]] = field(default_factory=list)
     """The shaped prompt's segments, in order: (label, hash, preview) — for the divergence report."""
 
@@ -113,6 +116,7 @@ class Shaper:
         self.policy = policy
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
+        self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
 
     def _canonical(self, obj: Any) -> Any:
         """``obj`` with every key sorted, at every depth (memoized: tool lists repeat)."""
@@ -155,8 +159,9 @@ class Shaper:
         if not policy.enabled:
             # Nothing changes; the template and its segments are still read, for the cache report.
             if head is not None:
-                detected = [self._detect(t) for t in _texts(head["content"])]
-                result.template = template or self._template(detected, tool_names)
+                result.template = template or self._template(
+                    [t for t in _texts(head["content"]) if t is not None], tool_names
+                )
             else:
                 result.template = template or (_short(tool_names) if tool_names else "-")
             self._signature(body, result)
@@ -177,12 +182,7 @@ class Shaper:
             tool_names = ",".join(_tool_name(t) for t in tools)
         stable_head = b""
         if head is not None:
-            self._shape_head(messages, head, tool_names, result, stability, writer, template)
-            content = head["content"]
-            if isinstance(content, str):
-                stable_head = content[: result.head_stable_chars].encode()
-            else:
-                stable_head = orjson.dumps(content[: result.head_stable_parts])
+            stable_head = self._shape_head(messages, head, tool_names, result, stability, writer, template)
         else:
             result.template = template or (_short(tool_names) if tool_names else "-")
         tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
@@ -191,13 +191,9 @@ class Shaper:
         self._signature(body, result)
         return result
 
-    def _detect(self, text: str | None) -> tuple[bool, str]:
-        return self.detectors.line(text) if text is not None else (False, "")
-
-    @staticmethod
-    def _template(detected: list[tuple[bool, str]], tool_names: str) -> str:
-        longest = max((masked for _, masked in detected), key=len, default="")
-        return _short(longest + "|" + tool_names)
+    def _template(self, lines: list[str], tool_names: str) -> str:
+        longest = max(lines, key=len, default="")
+        return _short(self.detectors.line(longest)[1] + "|" + tool_names)
 
     def _shape_head(
         self,
@@ -208,7 +204,8 @@ class Shaper:
         stability: StabilityModel | None,
         writer: StatsWriter | None,
         template: str | None,
-    ) -> None:
+    ) -> bytes:
+        """Shape the head message; the hashes of its stable units (for the prefix hash)."""
         policy = self.policy
         content: str | list[Any] = head["content"]
         rag_block = ""
@@ -218,41 +215,52 @@ class Shaper:
             if policy.rag.enabled:
                 text, rag_block = _cut_rag(text, policy.rag.markers)
             units = text.split("\n")
+            texts: list[str | None] = list(units)
         else:
             units = content
-        texts = _texts(text if isinstance(content, str) else content)
-        detected = [self._detect(t) for t in texts]
-        result.template = template or self._template(detected, tool_names)
-        learned: list[bool | None] = [None] * len(units)
-        if stability is not None and policy.learn:
+            texts = _texts(content)
+        joined = isinstance(content, str)
+        detect = self.detectors.line
+        if joined:
+            detected = [detect(t) for t in units]
+        else:
+            detected = [detect(t) if t is not None else _NOT_TEXT for t in texts]
+        result.template = template or self._template(
+            units if joined else [t for t in texts if t is not None], tool_names
+        )
+        if joined:
+            hashes = [d[2] for d in detected]
+        else:
             hashes = [
-                line_hash(t if t is not None else orjson.dumps(u).decode())
-                for t, u in zip(texts, units, strict=True)
+                h if t is not None else line_hash(orjson.dumps(u).decode())
+                for t, u, (_, _, h) in zip(texts, units, detected, strict=True)
             ]
+        # A line moves when a detector fires, or when the counts of its template say it
+        # varies; blank lines and non-text parts carry nothing that varies: they stay.
+        if stability is not None and policy.learn:
             learned = stability.verdicts(
                 result.template, hashes, policy.learn_min_requests, policy.stable_share
             )
             stability.observe(result.template, hashes, writer)
-        stable: list[Any] = []
-        volatile: list[Any] = []
-        stable_chars = 0
-        has_stable = False
-        for unit, t, (flagged, _), known in zip(units, texts, detected, learned, strict=True):
-            # Blank lines and non-text parts carry nothing that varies: they stay.
-            if t is not None and t.strip() and (flagged if known is None else not known):
-                volatile.append(unit)
-                continue
-            stable.append(unit)
-            stable_chars += len(t) if t is not None else 0
-            has_stable = has_stable or t is None or bool(t.strip())
-        joined = isinstance(content, str)
+            moving = [
+                d[0] if k is None else (not k and t is not None and bool(t.strip()))
+                for t, d, k in zip(texts, detected, learned, strict=True)
+            ]
+        else:
+            moving = [d[0] for d in detected]
+        volatile = [u for u, m in zip(units, moving, strict=True) if m]
+        stable = [u for u, m in zip(units, moving, strict=True) if not m]
+        kept = [t for t, m in zip(texts, moving, strict=True) if not m]
+        stable_key = "".join([h for h, m in zip(hashes, moving, strict=True) if not m]).encode()
+        stable_chars = sum(map(len, stable)) if joined else sum(len(t) for t in kept if t is not None)
+        has_stable = any(t is None or t.strip() for t in kept)
         result.stable_prefix_tokens = stable_chars // 4
         if not has_stable or (not volatile and not rag_block):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
             if has_stable:
                 result.head_stable_chars = len(content) if joined else 0
                 result.head_stable_parts = 0 if joined else len(units)
-            return
+            return stable_key if has_stable else b""
         result.moved = len(volatile)
         result.rag_moved = bool(rag_block)
         new_head: str | list[Any]
@@ -270,14 +278,22 @@ class Shaper:
             head["content"] = new_head
             messages.insert(last_user, {"role": head["role"], "content": tail})
         else:
-            if not rag_block and units == [*stable, *volatile]:
-                result.moved = 0  # already stable first, volatile last: a shaped request
-            if joined:
-                head["content"] = f"{new_head}\n{tail}" if volatile else new_head
-            else:
-                head["content"] = [*stable, *volatile]
+            shaped = (f"{new_head}\n{tail}" if volatile else new_head) if joined else [*stable, *volatile]
+            if shaped == content:  # already stable first, volatile last: a shaped request
+                result.moved, result.rag_moved = 0, False
+            head["content"] = shaped
+        return stable_key
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
+        """The segments of the first requests of a template, then of every tenth (the
+        divergence report reads the last 20 kept: a sample is enough, and it costs)."""
+        seen = self._seen
+        n = seen.get(result.template, 0)
+        if len(seen) > 20_000:
+            seen.clear()
+        seen[result.template] = n + 1
+        if n >= _SIGNED_FIRST and n % _SIGN_EVERY:
+            return
         previews = self.policy.report_previews
         segments = result.segments
         tools = body.get("tools")
@@ -299,8 +315,8 @@ class Shaper:
                     if text is None:
                         segments.append((f"system {unit} {n + 1}", _short(orjson.dumps(piece)), ""))
                     elif text.strip():
-                        preview = self.detectors.line(text)[1][:80] if previews else ""
-                        segments.append((f"system {unit} {n + 1}", _short(text), preview))
+                        _, masked, h = self.detectors.line(text)
+                        segments.append((f"system {unit} {n + 1}", h, masked[:80] if previews else ""))
                 continue
             data = orjson.dumps(content)
             preview = (

@@ -2,14 +2,15 @@
 
 Built-in detectors find dates, times, weekdays, UUIDs, long hex and base64 ids, epoch
 timestamps and request ids; a policy adds its own regexes. Lines are the unit: a
-system prompt's line that holds one is volatile. Results are memoized per line text,
-so the stable lines that every request repeats cost a dictionary lookup.
+system prompt's line that holds one is volatile. Results (with the line's hash, which
+the stability model and the cache report use) are memoized per line text, so the
+stable lines that every request repeats cost one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
+import zlib
 
 from gateway.shaping.policy import Detector
 
@@ -43,22 +44,28 @@ class Detectors:
     def __init__(self, detectors: list[Detector], extra: list[str], memo_size: int = 20_000) -> None:
         sources = [PATTERNS[d] for d in detectors] + list(extra)
         self._regex = re.compile("|".join(f"(?:{s})" for s in sources), re.IGNORECASE) if sources else None
-        self._memo: OrderedDict[str, tuple[bool, str]] = OrderedDict()
+        self._memo: dict[str, tuple[bool, str, str]] = {}
         self._memo_size = memo_size
 
-    def line(self, text: str) -> tuple[bool, str]:
-        """``(volatile, masked)`` for one line: whether a detector fires, and the line with
-        every match replaced by ``<*>`` (the template skeleton is built from masked lines)."""
+    def line(self, text: str) -> tuple[bool, str, str]:
+        """``(volatile, masked, hash)`` for one line: whether a detector fires, the line with
+        every match replaced by ``<*>`` (the template skeleton is built from masked lines),
+        and :func:`line_hash` of the line."""
         memo = self._memo
         found = memo.get(text)
         if found is not None:
             return found
         if self._regex is None or not text:
-            found = (False, text)
+            found = (False, text, line_hash(text))
         else:
             masked, hits = self._regex.subn(MASK, text)
-            found = (hits > 0, masked)
+            found = (hits > 0, masked, line_hash(text))
         memo[text] = found
         if len(memo) > self._memo_size:
-            memo.popitem(last=False)
+            del memo[next(iter(memo))]  # the oldest
         return found
+
+
+def line_hash(line: str) -> str:
+    """A line's identity in the stability counts and the segment signatures (CRC-32, hex)."""
+    return f"{zlib.crc32(line.encode('utf-8', 'surrogatepass')):08x}"

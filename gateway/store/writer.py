@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -63,6 +63,19 @@ class StatsWriter:
             fields = self._counters[key] = {}
             self._ttls[key] = ttl_s
         fields[field] = fields.get(field, 0) + amount
+
+    def hincr_each(self, key: str, fields: Iterable[str], ttl_s: int) -> None:
+        """Add 1 to each of these fields of one hash (one call for many fields)."""
+        counters = self._counters.get(key)
+        if counters is None:
+            if len(self._counters) >= self._max_pending:
+                self.dropped += 1
+                return
+            counters = self._counters[key] = {}
+            self._ttls[key] = ttl_s
+        get = counters.get
+        for field in fields:
+            counters[field] = get(field, 0) + 1
 
     @property
     def pending(self) -> int:

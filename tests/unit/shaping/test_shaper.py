@@ -202,7 +202,7 @@ def test_disabled_shaping_changes_nothing() -> None:
 def test_the_detectors(line: str, volatile: bool) -> None:
     from gateway.shaping.policy import DETECTORS
 
-    found, masked = Detectors(list(DETECTORS), []).line(line)
+    found, masked, _ = Detectors(list(DETECTORS), []).line(line)
     assert found is volatile
     assert ("<*>" in masked) is volatile
 
@@ -307,3 +307,18 @@ def test_canonical_json_means_the_same(schema: dict[str, Any], arguments: Any) -
     assert body["tools"][0]["function"]["parameters"] == schema
     assert body["response_format"]["json_schema"]["schema"] == schema
     assert json.loads(body["messages"][-1]["tool_calls"][0]["function"]["arguments"]) == arguments
+
+
+def test_odd_heads_are_left_alone() -> None:
+    for content in ([], [{"type": "image_url", "image_url": {"url": "x"}}], "", "\n\n"):
+        body = request("", ("user", "hi"))
+        body["messages"][0]["content"] = copy.deepcopy(content)
+        result = shaper().shape(body)
+        assert body["messages"][0]["content"] == content and result.moved == 0
+
+
+def test_signatures_are_kept_for_the_first_requests_of_a_template_then_sampled() -> None:
+    s = shaper()
+    kept = [bool(s.shape(request(INSTRUCTIONS, ("user", str(i)))).segments) for i in range(40)]
+    assert kept[:20] == [True] * 20
+    assert sum(kept[20:]) == 2

@@ -1,0 +1,419 @@
+"""Prompt shaping, measured: three generated workloads replayed through the gateway to the
+simulator, shaping off vs on, in both of the simulator's cache models; and shaping's own cost.
+
+    python bench/shaping.py [--prefill-ms-per-1k 50] [--concurrency 4] [--json FILE]
+
+Workloads (each prompt is over 1,024 tokens, so OpenAI-style caching applies):
+
+a. **chat**: 12 sessions of 6 turns; the system prompt starts with the current time (to the
+   microsecond) and the customer's name (no detector knows a name: the learned stability
+   model must find it), then 60 lines of stable rules.
+b. **agent**: 10 tasks of 4 steps of an agent loop (tool call, tool result, ...) with 20
+   tools, sent in a different order, with their schemas' keys in a different order, each time.
+c. **rag**: 40 questions; the retrieved passages sit in ``<context>`` between two halves
+   of the instructions.
+
+Configurations, each on a fresh gateway (and its own embedded Redis) and an emptied
+simulator cache:
+
+- ``off``: ``shaping: {enabled: false}``;
+- ``on``: the default policy (moves before the newest user turn), retrieval moves enabled;
+- ``on-end``: the same with ``placement: end_of_system``;
+- ``ideal``: shaping off, and each request written by the generator with every stable part
+  first (instructions, history, sorted canonical tools) — the share if all stable content
+  formed a common prefix.
+
+For each it prints the simulator-reported cached-token share (``cached_tokens`` over
+``prompt_tokens`` of the streamed answers' usage) and TTFT p50 (the simulator's prefill
+costs ``--prefill-ms-per-1k`` per 1,000 uncached tokens). Then shaping's cost per request
+(shaper, stability model, checkpoint chain) for a 4,000-token prompt: median and p99 of
+2,000 runs. Exits 1 when ``on`` is below 90 % of ``ideal`` for a workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.procutil import free_port, wait_http_ok
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = [
+    f"Rule {n}: answer questions about Acme orders, invoices and shipping precisely, citing the policy."
+    for n in range(1, 61)
+]  # about 1,450 tokens
+NAMES = ["Ana Lopez", "Bo Chen", "Cy Okafor", "Di Rossi", "Ed Novak", "Flo Berg", "Gus Iyer", "Hal Moreau"]
+NAMES += ["Ivy Tanaka", "Jo Silva", "Kai Weber", "Lu Haddad"]
+CONFIGS = ("off", "on", "on-end", "ideal")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() // 1000 % 1_000_000:06d}Z"
+
+
+def chat_workload(ideal: bool) -> list[list[dict[str, Any]]]:
+    """Per session, the request bodies of its turns (built lazily is not needed: time is read
+    when the body is built, just before it is sent, by :func:`_stamp`)."""
+    sessions = []
+    for s, name in enumerate(NAMES):
+        turns = []
+        history: list[dict[str, Any]] = []
+        for t in range(6):
+            question = f"Session {s} question {t}: where is order {1000 + 17 * s + t}?"
+            volatile = f"Current time: {{now}}\nThe customer is {name}."
+            if ideal:
+                messages = [
+                    {"role": "system", "content": "\n".join(RULES)},
+                    *history,
+                    {"role": "system", "content": volatile},
+                    {"role": "user", "content": question},
+                ]
+            else:
+                messages = [
+                    {"role": "system", "content": volatile + "\n" + "\n".join(RULES)},
+                    *history,
+                    {"role": "user", "content": question},
+                ]
+            turns.append({"messages": messages})
+            history = [
+                *history,
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": f"Order {1000 + 17 * s + t} left the warehouse on time."},
+            ]
+        sessions.append(turns)
+    return sessions
+
+
+def _tools(rng: random.Random | None) -> list[dict[str, Any]]:
+    tools = []
+    for n in range(20):
+        props = {
+            f"arg_{k}": {
+                "type": "string",
+                "description": f"Argument {k} of tool {n}: an identifier or a filter.",
+            }
+            for k in range(4)
+        }
+        keys = list(props)
+        if rng is not None:
+            rng.shuffle(keys)
+        fn = {
+            "name": f"tool_{n:02d}",
+            "description": f"Tool {n} looks up one kind of Acme record by its fields and returns it as JSON.",
+            "parameters": {
+                "type": "object",
+                "properties": {k: props[k] for k in keys},
+                "required": ["arg_0", "arg_1"],
+            },
+        }
+        if rng is not None and rng.random() < 0.5:
+            fn = dict(reversed(list(fn.items())))
+        tools.append({"type": "function", "function": fn})
+    if rng is not None:
+        rng.shuffle(tools)
+        return tools
+    return [orjson.loads(orjson.dumps(t, option=orjson.OPT_SORT_KEYS)) for t in tools]  # sorted, canonical
+
+
+def agent_workload(ideal: bool) -> list[list[dict[str, Any]]]:
+    rng = random.Random(7)
+    system = "You are Acme's operations agent. Use the tools; call one tool per step; answer briefly."
+    sessions = []
+    for task in range(10):
+        steps = []
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Task {task}: reconcile invoice {5000 + task} with its shipment."},
+        ]
+        for step in range(4):
+            steps.append({"messages": copy.deepcopy(messages), "tools": _tools(None if ideal else rng)})
+            call_id = f"call_{task}_{step}"
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": f"tool_{step:02d}", "arguments": '{"arg_0": "x"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": call_id, "content": f'{{"record": {task * 10 + step}}}'},
+            ]
+        sessions.append(steps)
+    return sessions
+
+
+PASSAGES = [
+    f"[{n}] Acme policy note {n}: " + "orders ship within two business days; refunds take five; " * 3
+    for n in range(30)
+]
+HALF_1 = "\n".join(RULES[:30])
+HALF_2 = "\n".join(RULES[30:])
+
+
+def rag_workload(ideal: bool) -> list[list[dict[str, Any]]]:
+    rng = random.Random(11)
+    requests = []
+    for q in range(40):
+        context = "<context>\n" + "\n".join(rng.sample(PASSAGES, 3)) + "\n</context>"
+        system = f"{HALF_1}\n{HALF_2}\n{context}" if ideal else f"{HALF_1}\n{context}\n{HALF_2}"
+        body = {
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Question {q}: how long does a refund take?"},
+            ]
+        }
+        requests.append(body)
+    return [requests[i::4] for i in range(4)]  # four clients, each asking in turn
+
+
+WORKLOADS = {"chat": chat_workload, "agent": agent_workload, "rag": rag_workload}
+
+
+def _stamp(body: dict[str, Any]) -> dict[str, Any]:
+    """The body as sent: ``{now}`` filled with the time of sending."""
+    raw = orjson.dumps(body).decode().replace("{now}", _now())
+    out: dict[str, Any] = orjson.loads(raw)
+    return out
+
+
+def _policy(sim_url: str, config: str) -> str:
+    shaping = {
+        "off": "shaping: {enabled: false}",
+        "ideal": "shaping: {enabled: false}",
+        "on": "shaping: {rag: {enabled: true}}",
+        "on-end": "shaping: {placement: end_of_system, rag: {enabled: true}}",
+    }[config]
+    return f"""
+deployments:
+  sim-fast: {{provider: vllm, base_url: "{sim_url}/v1"}}
+tiers:
+  fast: [sim-fast]
+  strong: [sim-fast]
+{shaping}
+"""
+
+
+@contextmanager
+def _process(cmd: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        try:
+            wait_http_ok(health, 30, proc)
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, int, float]:
+    """(prompt_tokens, cached_tokens, ttft_s) of one streamed request."""
+    payload = {
+        **body,
+        "model": "fast",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    ttft = 0.0
+    usage: dict[str, Any] = {}
+    async with session.post(url, json=payload) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{resp.status}: {(await resp.text())[:300]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = orjson.loads(line[6:])
+            if not ttft and event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
+                ttft = time.perf_counter() - started
+            if event.get("usage"):
+                usage = event["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return int(usage.get("prompt_tokens", 0)), int(cached), ttft
+
+
+async def _replay(url: str, sessions: list[list[dict[str, Any]]], concurrency: int) -> dict[str, float]:
+    results: list[tuple[int, int, float]] = []
+    queue = list(sessions)
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while queue:
+            results.extend([await _one(http, url, _stamp(body)) for body in queue.pop(0)])
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    prompt = sum(r[0] for r in results)
+    return {
+        "requests": len(results),
+        "prompt_tokens": prompt,
+        "cached_share": sum(r[1] for r in results) / prompt if prompt else 0.0,
+        "ttft_p50_ms": 1000 * statistics.median(r[2] for r in results),
+    }
+
+
+def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="switchyard-bench-shaping-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_") and k != "REDIS_URL"}
+    for cache_model in ("vllm", "openai"):
+        sim_port = free_port()
+        sim_cmd = [
+            sys.executable,
+            "-m",
+            "local_backend.sim",
+            "--port",
+            str(sim_port),
+            "--model",
+            "sim-fast:5:1",
+        ]
+        sim_cmd += ["--cache-model", cache_model, "--prefill-ms-per-1k", str(args.prefill_ms_per_1k)]
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        with _process(sim_cmd, sim_url + "/health", tmp / f"sim-{cache_model}.log"):
+            for config in CONFIGS:
+                policy = tmp / f"policy-{config}.yaml"
+                policy.write_text(_policy(sim_url, config))
+                port = free_port()
+                gw_cmd = [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--policy",
+                    str(policy),
+                ]
+                with ExitStack() as stack:
+                    stack.enter_context(
+                        _process(gw_cmd, f"http://127.0.0.1:{port}/healthz", tmp / f"gw-{config}.log", env)
+                    )
+                    for name, make in WORKLOADS.items():
+                        _post(sim_url + "/sim/reset")
+                        row = asyncio.run(
+                            _replay(
+                                f"http://127.0.0.1:{port}/v1/chat/completions",
+                                make(config == "ideal"),
+                                args.concurrency,
+                            )
+                        )
+                        table.setdefault(cache_model, {}).setdefault(name, {})[config] = row
+                        print(
+                            f"  {cache_model:6} {name:5} {config:6} cached {100 * row['cached_share']:5.1f}%"
+                            f"  TTFT p50 {row['ttft_p50_ms']:6.1f} ms",
+                            file=sys.stderr,
+                        )
+    return table
+
+
+def _post(url: str) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def shaping_cost(runs: int = 2000) -> dict[str, float]:
+    """Shaper + stability model + checkpoint chain for a 4,000-token prompt, per request."""
+    from redis.asyncio import Redis
+
+    from gateway.cachestats.prefix import checkpoints
+    from gateway.shaping.policy import ShapingPolicy
+    from gateway.shaping.shaper import Shaper
+    from gateway.shaping.stability import StabilityModel
+    from gateway.store.writer import StatsWriter
+
+    lines = [f"Current time: {_now()}", "The customer is Ana Lopez."]
+    lines += [f"{rule} (section {n})" for n, rule in enumerate(RULES * 3)]
+    system = "\n".join(lines)[:15_000]
+    body = {
+        "model": "fast",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "hello " * 150},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "Where is my order?"},
+        ],
+        "tools": _tools(random.Random(1))[:3],
+    }
+    raw = orjson.dumps(body)
+    shaper = Shaper(ShapingPolicy())
+    stability = StabilityModel()
+    writer = StatsWriter(Redis())  # never flushed: counters stay in memory
+    times = []
+    for i in range(runs):
+        fresh = orjson.loads(raw.replace(b"Ana Lopez", f"Name {i % 50:02d}".encode()))
+        started = time.thread_time()
+        shaper.shape(fresh, stability, writer)
+        checkpoints(fresh)
+        times.append(time.thread_time() - started)
+    tokens = len(raw) // 4
+    times.sort()
+    return {
+        "prompt_tokens": tokens,
+        "median_us": 1e6 * times[len(times) // 2],
+        "p99_us": 1e6 * times[int(len(times) * 0.99)],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefill-ms-per-1k", type=float, default=50.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--cost-only", action="store_true", help="only measure shaping's own cost")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    if not args.cost_only:
+        results["workloads"] = run_matrix(args)
+    results["cost"] = cost = shaping_cost()
+    failed = False
+    if not args.cost_only:
+        print(
+            "| cache model | workload | off | on | on (end of system) | ideal | on / ideal "
+            "| TTFT p50 off → on |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for cache_model, workloads in results["workloads"].items():
+            for name, rows in workloads.items():
+                share = {c: rows[c]["cached_share"] for c in CONFIGS}
+                ratio = share["on"] / share["ideal"] if share["ideal"] else 1.0
+                failed |= ratio < 0.9
+                print(
+                    f"| {cache_model} | {name} | {100 * share['off']:.1f}% | {100 * share['on']:.1f}% | "
+                    f"{100 * share['on-end']:.1f}% | {100 * share['ideal']:.1f}% | {100 * ratio:.0f}% | "
+                    f"{rows['off']['ttft_p50_ms']:.1f} → {rows['on']['ttft_p50_ms']:.1f} ms |"
+                )
+    print(
+        f"\nshaping cost, {cost['prompt_tokens']:,}-token prompt: median {cost['median_us']:.0f} µs, "
+        f"p99 {cost['p99_us']:.0f} µs"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
