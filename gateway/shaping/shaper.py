@@ -345,10 +345,10 @@ def _cut_rag(text: str, markers: list[tuple[str, str]]) -> tuple[str, str]:
         if end < 0:
             continue
         end += len(end_marker)
-        before, block, after = text[:start], text[start:end], text[end:]
-        if not before.strip() or not after.strip():
-            return text, ""  # already first or last: nothing to move it past
-        # The block leaves its line breaks behind: the text around it joins with one newline.
-        rest = before.rstrip("\n") + "\n" + after.lstrip("\n")
-        return rest, block
+        before, block, after = text[:start].rstrip("\n"), text[start:end], text[end:].lstrip("\n")
+        if not before.strip() and not after.strip():
+            return text, ""  # nothing but the block: nothing to move it past
+        # Cut out even when it is already last: its lines are never shaped one by one. It
+        # leaves its line breaks behind: the text around it joins with one newline.
+        return "\n".join(part for part in (before, after) if part), block
     return text, ""

@@ -322,3 +322,16 @@ def test_signatures_are_kept_for_the_first_requests_of_a_template_then_sampled()
     kept = [bool(s.shape(request(INSTRUCTIONS, ("user", str(i)))).segments) for i in range(40)]
     assert kept[:20] == [True] * 20
     assert sum(kept[20:]) == 2
+
+
+def test_a_date_inside_the_retrieval_block_never_leaves_it() -> None:
+    docs = "<context>\nPosted 2026-12-03: refunds take 5 days.\n</context>"
+    for system in (
+        f"{INSTRUCTIONS}\n{docs}",
+        f"{docs}\n{INSTRUCTIONS}",
+        f"Be brief.\n{docs}\n{INSTRUCTIONS}",
+    ):
+        body = request(system, ("user", "refund?"))
+        shaper(rag={"enabled": True}, placement="end_of_system").shape(body)
+        content = body["messages"][0]["content"]
+        assert docs in content and content.endswith(docs)
