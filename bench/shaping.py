@@ -27,7 +27,8 @@ For each it prints the simulator-reported cached-token share (``cached_tokens`` 
 ``prompt_tokens`` of the streamed answers' usage) and TTFT p50 (the simulator's prefill
 costs ``--prefill-ms-per-1k`` per 1,000 uncached tokens). Then shaping's cost per request
 (shaper, stability model, checkpoint chain) for a 4,200-token prompt whose system message
-has 40 or 130 lines: median and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of ``ideal`` for a workload.
+has 40 or 130 lines: median and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of
+``ideal`` for a workload.
 """
 
 from __future__ import annotations
