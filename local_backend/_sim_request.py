@@ -168,7 +168,25 @@ async def read_json(call: Call) -> dict[str, Any]:
     record["stream"] = body.get("stream") is True
     record["stream_options"] = body.get("stream_options")
     record["prompt_cache_key"] = body.get("prompt_cache_key")
+    record["cache_control"] = _cache_control_marks(body.get("messages"))
     return body
+
+
+def _cache_control_marks(messages: Any) -> list[str]:
+    """Where the request marked cache breakpoints (Anthropic-style ``cache_control`` on a
+    content part), as ``"message:part"``; recorded so a client's marks can be checked."""
+    marks: list[str] = []
+    if not isinstance(messages, list):
+        return marks
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            marks += [
+                f"{i}:{j}"
+                for j, part in enumerate(content)
+                if isinstance(part, dict) and "cache_control" in part
+            ]
+    return marks
 
 
 def require_model(call: Call, body: dict[str, Any]) -> tuple[str, ModelProfile]:

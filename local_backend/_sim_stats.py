@@ -111,6 +111,7 @@ class SimStats:
             "body_keys": [],
             "stream_options": None,
             "prompt_cache_key": None,
+            "cache_control": [],
             "started_at": time.time(),
             "duration_ms": None,
         }

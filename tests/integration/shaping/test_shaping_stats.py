@@ -211,3 +211,35 @@ def test_redis_stopped_mid_traffic_fails_no_request_and_the_dropped_writes_are_c
     finally:
         gw.stop()
         redis_server.stop()
+
+
+def test_provider_hints_prompt_cache_key_and_a_cache_breakpoint_at_the_stable_prefix(
+    sim: SimServer, make_gateway: Any
+) -> None:
+    sim.reset()
+    gw = make_gateway(
+        f"""
+deployments:
+  sim-fast: {{provider: openai, base_url: "{sim.base_url}"}}
+  sim-strong: {{provider: vllm, base_url: "{sim.base_url}", cache_breakpoints: true}}
+tiers:
+  fast: [sim-fast]
+  strong: [sim-strong]
+"""
+    )
+    ask(gw, dated(1))
+    ask(gw, dated(2))
+    ask(gw, dated(3), extra_body={"prompt_cache_key": "tenant-7"})
+    ask(gw, dated(4), question="hi")
+    recent = sim.stats()["recent"]
+    keys = [r["prompt_cache_key"] for r in recent[-4:]]
+    assert keys[0] == keys[1] == keys[3] and len(keys[0]) == 16  # the stable prefix's hash
+    assert keys[2] == "tenant-7"  # the client's own key is kept
+    strong = client(gw).chat.completions.with_raw_response.create(
+        model="strong",
+        messages=[{"role": "system", "content": dated(5)}, {"role": "user", "content": "hi"}],
+        max_tokens=4,
+    )
+    assert strong.headers["x-switchyard-model"] == "sim-strong"
+    record = sim.stats()["recent"][-1]
+    assert record["cache_control"] == ["0:0"] and record["prompt_cache_key"] is None
