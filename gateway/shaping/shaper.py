@@ -104,9 +104,8 @@ def _texts(content: str | list[Any]) -> list[str | None]:
     return [_part_text(part) for part in content]
 
 
-def _short(data: bytes | str) -> str:
-    raw = data.encode() if isinstance(data, str) else data
-    return f"{zlib.crc32(raw):08x}"
+def _short(data: bytes) -> str:
+    return f"{zlib.crc32(data):08x}"
 
 
 class Shaper:
@@ -148,7 +147,8 @@ class Shaper:
         if not isinstance(messages, list):
             return result
         tools = body.get("tools")
-        tool_names = ",".join(_tool_name(t) for t in tools) if isinstance(tools, list) else ""
+        # Sorted: a template does not change with the order its tools come in.
+        tool_names = ",".join(sorted(_tool_name(t) for t in tools)) if isinstance(tools, list) else ""
         head = messages[0] if messages and isinstance(messages[0], dict) else None
         if (
             head is None
@@ -156,14 +156,13 @@ class Shaper:
             or not isinstance(head.get("content"), (str, list))
         ):
             head = None
+            result.template = template or (_short(tool_names.encode()) if tool_names else "-")
         if not policy.enabled:
             # Nothing changes; the template and its segments are still read, for the cache report.
             if head is not None:
                 result.template = template or self._template(
                     [t for t in _texts(head["content"]) if t is not None], tool_names
                 )
-            else:
-                result.template = template or (_short(tool_names) if tool_names else "-")
             self._signature(body, result)
             return result
         if isinstance(tools, list) and tools:
@@ -178,13 +177,9 @@ class Shaper:
             fmt = body.get("response_format")
             if isinstance(fmt, dict):
                 body["response_format"] = self._canonical(fmt)
-        if isinstance(tools, list):
-            tool_names = ",".join(_tool_name(t) for t in tools)
         stable_head = b""
         if head is not None:
             stable_head = self._shape_head(messages, head, tool_names, result, stability, writer, template)
-        else:
-            result.template = template or (_short(tool_names) if tool_names else "-")
         tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
         result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
@@ -193,7 +188,7 @@ class Shaper:
 
     def _template(self, lines: list[str], tool_names: str) -> str:
         longest = max(lines, key=len, default="")
-        return _short(self.detectors.line(longest)[1] + "|" + tool_names)
+        return line_hash(self.detectors.line(longest)[1] + "|" + tool_names)
 
     def _shape_head(
         self,
