@@ -53,29 +53,30 @@ class StatsWriter:
             return
         self._pending.append(op)
 
-    def hincr(self, key: str, field: str, amount: int, ttl_s: int) -> None:
-        """Add ``amount`` to a hash field; summed in process until the next flush."""
+    def _fields(self, key: str, ttl_s: int) -> dict[str, int] | None:
+        """The in-process counters of one hash; None (and a drop counted) when too many keys wait."""
         fields = self._counters.get(key)
         if fields is None:
             if len(self._counters) >= self._max_pending:
                 self.dropped += 1
-                return
+                return None
             fields = self._counters[key] = {}
             self._ttls[key] = ttl_s
-        fields[field] = fields.get(field, 0) + amount
+        return fields
+
+    def hincr(self, key: str, field: str, amount: int, ttl_s: int) -> None:
+        """Add ``amount`` to a hash field; summed in process until the next flush."""
+        fields = self._fields(key, ttl_s)
+        if fields is not None:
+            fields[field] = fields.get(field, 0) + amount
 
     def hincr_each(self, key: str, fields: Iterable[str], ttl_s: int) -> None:
         """Add 1 to each of these fields of one hash (one call for many fields)."""
-        counters = self._counters.get(key)
-        if counters is None:
-            if len(self._counters) >= self._max_pending:
-                self.dropped += 1
-                return
-            counters = self._counters[key] = {}
-            self._ttls[key] = ttl_s
-        get = counters.get
-        for field in fields:
-            counters[field] = get(field, 0) + 1
+        counters = self._fields(key, ttl_s)
+        if counters is not None:
+            get = counters.get
+            for field in fields:
+                counters[field] = get(field, 0) + 1
 
     @property
     def pending(self) -> int:
