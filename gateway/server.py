@@ -507,8 +507,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
         asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
     ]
+    expectations = asyncio.create_task(app[ACCOUNTING].run(), name="cache-expectations")
     yield
-    await app[ACCOUNTING].close()
+    # Expectations first: their last batch goes through the stats writer's last flush.
+    expectations.cancel()
+    await asyncio.gather(expectations, return_exceptions=True)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

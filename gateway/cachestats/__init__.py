@@ -4,8 +4,9 @@ For each request two figures are counted: the provider's report
 (``usage.prompt_tokens_details.cached_tokens``) and the gateway's expectation (the
 shaped prompt's checkpoint chain looked up in Redis: :mod:`gateway.cachestats.prefix`).
 Counters go through :class:`~gateway.store.writer.StatsWriter` (summed in process,
-written in one pipeline, dropped and counted when Redis is slow); the expectation is
-computed off the request path. Each template also keeps its last requests' segment
+written in one pipeline, dropped and counted when Redis is slow); the expectations of
+all the requests of a 100 ms interval are looked up together, in one round trip, off the
+request path. Each template also keeps its last requests' segment
 signatures, so a template that misses the cache can be told which segment breaks it.
 """
 
@@ -52,11 +53,18 @@ def _signatures_key(template: str) -> str:
 class Accounting:
     """Writes a request's counters and its expectation; reads the reports."""
 
-    def __init__(self, writer: StatsWriter, redis: Redis, max_pending_expectations: int = 256) -> None:
+    def __init__(
+        self,
+        writer: StatsWriter,
+        redis: Redis,
+        max_pending_expectations: int = 20_000,
+        interval_s: float = 0.1,
+    ) -> None:
         self._writer = writer
         self._redis = redis
         self._slots = max_pending_expectations
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._interval_s = interval_s
+        self._pending: list[tuple[str, str, str, list[int], float]] = []
         self.expectations_dropped = 0
 
     def record(self, ctx: RequestContext) -> None:
@@ -94,29 +102,37 @@ class Accounting:
 
             self._writer.add(push)
         if ctx.prefix_chain and ctx.status < 400:
-            if len(self._tasks) >= self._slots:
+            if len(self._pending) >= self._slots:
                 self.expectations_dropped += 1
                 return
             ttl_s = ctx.snapshot.policy.shaping.cache_ttl_s
-            task = asyncio.get_running_loop().create_task(
-                self._expect(key, prefix, ctx.deployment, ctx.prefix_chain, ttl_s)
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._pending.append((key, prefix, ctx.deployment, ctx.prefix_chain, ttl_s))
 
-    async def _expect(self, key: str, prefix: str, deployment: str, chain: list[int], ttl_s: float) -> None:
+    async def expect(self) -> None:
+        """Look the waiting requests' prefixes up in Redis, all in one round trip."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
         try:
             async with asyncio.timeout(0.5):
-                expected = await expect_shared(self._redis, deployment, chain, ttl_s)
+                expected = await expect_shared(
+                    self._redis, [(d, chain, ttl) for _, _, d, chain, ttl in batch]
+                )
         except (RedisError, OSError, TimeoutError):
-            self.expectations_dropped += 1
+            self.expectations_dropped += len(batch)
             return
-        if expected:
-            self._writer.hincr(key, prefix + "expected_cached_tokens", expected, RETENTION_S + BUCKET_S)
+        for (key, prefix, _, _, _), tokens in zip(batch, expected, strict=True):
+            if tokens:
+                self._writer.hincr(key, prefix + "expected_cached_tokens", tokens, RETENTION_S + BUCKET_S)
 
-    async def close(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def run(self) -> None:
+        """Resolve expectations every ``interval_s`` until cancelled; a last batch on the way out."""
+        try:
+            while True:
+                await asyncio.sleep(self._interval_s)
+                await self.expect()
+        finally:
+            await self.expect()
 
     async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
         """Totals over the last ``since_s`` seconds per deployment, key and template, with

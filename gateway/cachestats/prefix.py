@@ -9,8 +9,9 @@ already seen for the deployment within the cache TTL:
 
 - in this process (:class:`LocalPrefixes`), at once, for the ``x-switchyard-prefix-hit``
   header: this replica's view;
-- in Redis (:func:`expect_shared`), off the request path, for the statistics: the view of
-  every replica together.
+- in Redis (:func:`expect_shared`), off the request path and batched (one round trip
+  for all the requests of a flush interval), for the statistics: the view of every
+  replica together.
 """
 
 from __future__ import annotations
@@ -67,21 +68,33 @@ class LocalPrefixes:
         return hits * CHECKPOINT_TOKENS
 
 
-async def expect_shared(redis: Redis, deployment: str, chain: list[int], ttl_s: float) -> int:
-    """Expected cached tokens from the checkpoints any replica recorded; records this chain."""
-    if not chain:
-        return 0
-    # One hash tag per deployment: on Redis Cluster all of its keys share a slot (MGET works).
-    keys = [f"{KEY_PREFIX}{{{deployment}}}:{crc:08x}" for crc in chain]
+async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]]) -> list[int]:
+    """Expected cached tokens for each ``(deployment, chain, ttl_s)``, from the checkpoints any
+    replica recorded, in one round trip; records the chains. Within the batch, a chain also
+    sees the ones before it (as if they had been looked up one after the other)."""
     pipe = redis.pipeline(transaction=False)
-    pipe.mget(keys)
-    ms = max(1, int(ttl_s * 1000))
-    for key in keys:
+    keyed = []
+    for deployment, chain, _ in batch:
+        # One hash tag per deployment: on Redis Cluster all of its keys share a slot (MGET works).
+        keys = [f"{KEY_PREFIX}{{{deployment}}}:{crc:08x}" for crc in chain]
+        keyed.append(keys)
+        pipe.mget(keys)
+    ttls: dict[str, int] = {}
+    for keys, (_, _, ttl_s) in zip(keyed, batch, strict=True):
+        ms = max(1, int(ttl_s * 1000))
+        for key in keys:
+            ttls[key] = max(ms, ttls.get(key, 0))
+    for key, ms in ttls.items():
         pipe.set(key, b"1", px=ms)
-    present = (await pipe.execute())[0]
-    hits = 0
-    for value in present:
-        if value is None:
-            break
-        hits += 1
-    return hits * CHECKPOINT_TOKENS
+    replies = await pipe.execute()
+    earlier: set[str] = set()
+    out = []
+    for keys, present in zip(keyed, replies, strict=False):
+        hits = 0
+        for key, value in zip(keys, present, strict=True):
+            if value is None and key not in earlier:
+                break
+            hits += 1
+        earlier.update(keys)
+        out.append(hits * CHECKPOINT_TOKENS)
+    return out
