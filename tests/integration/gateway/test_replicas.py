@@ -107,7 +107,8 @@ def test_requests_that_share_a_system_prompt_stay_on_one_replica(
 def test_without_affinity_requests_go_to_the_least_loaded_replica(
     fresh: list[SimServer], make_gateway: Any
 ) -> None:
-    gw = make_gateway(replica_policy(fresh, "      prefix_affinity: false"))
+    # No scrape mid-test: a replica's scraped "running" count would weigh in its load.
+    gw = make_gateway(replica_policy(fresh, "      prefix_affinity: false\n      metrics_interval_s: 30"))
     wait_ready(gw, 3)
     with client(gw) as c:
         for r in range(6):
