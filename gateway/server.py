@@ -51,6 +51,8 @@ from gateway.shaping.service import Shaping, pop_gateway_metadata
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
+from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
@@ -63,6 +65,7 @@ REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 SHAPING = web.AppKey("shaping", Shaping)
+METRICS = web.AppKey("metrics", Metrics)
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -170,6 +173,7 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
         app[ACCOUNTING].record(ctx)
+    app[METRICS].record(ctx)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
@@ -484,6 +488,32 @@ async def admin_dispatch(request: web.Request) -> web.Response:
     return json_response(request.app[DISPATCHER].status())
 
 
+def _sync_metrics(app: web.Application) -> None:
+    dispatcher = app[DISPATCHER]
+    stats = app.get(STATS)
+    app[METRICS].sync(
+        dispatcher.counters,
+        dispatcher.breakers.transitions,
+        dispatcher.breakers.status(),
+        stats.dropped if stats is not None else 0,
+        tlog.dropped_lines(),
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text format (every worker's figures with ``--workers N``)."""
+    _sync_metrics(request.app)
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def _sync_metrics_forever(app: web.Application, interval_s: float = 1.0) -> None:
+    # Other workers answer scrapes too: each keeps its shared-memory figures at most a second old.
+    while True:
+        await asyncio.sleep(interval_s)
+        _sync_metrics(app)
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -506,6 +536,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(app[STATS].run(), name="stats-writer"),
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
         asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
+        asyncio.create_task(_sync_metrics_forever(app), name="metrics-sync"),
     ]
     yield
     await app[ACCOUNTING].close()
@@ -525,6 +556,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app[POOL] = pool
     app[DISPATCHER] = Dispatcher(pool)
     app[SHAPING] = Shaping()
+    app[METRICS] = Metrics()
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/chat/completions", _proxy("/chat/completions", ChatCompletionRequest, True))
     app.router.add_post("/v1/completions", _proxy("/completions", CompletionRequest, True))
@@ -533,6 +565,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/policy", admin_policy)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/stats", admin_stats)
