@@ -51,6 +51,7 @@ from gateway.shaping.service import Shaping, pop_gateway_metadata
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
+from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
@@ -66,6 +67,7 @@ STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 SHAPING = web.AppKey("shaping", Shaping)
 METRICS = web.AppKey("metrics", Metrics)
+TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -114,6 +116,10 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-shaping"] = ctx.shape.header()
     if ctx.prefix_hit_tokens is not None:
         headers["x-switchyard-prefix-hit"] = str(ctx.prefix_hit_tokens)
+    if ctx.span is not None:
+        parent = tracing.traceparent(ctx)
+        if parent is not None:
+            headers["traceparent"] = parent
     return headers
 
 
@@ -138,6 +144,10 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         snapshot=request.app[POLICY].current,
     )
     request[CTX] = ctx
+    tracer = request.app[TRACING]
+    token = None
+    if tracer is not None and ctx.endpoint.startswith("/v1/"):
+        token = tracer.start_request(ctx, request.method, request.headers)
     try:
         resp = await handler(request)
     except SwitchyardError as exc:
@@ -150,6 +160,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     except asyncio.CancelledError:
         # The client went away; 499 as nginx logs it.
         ctx.status = 499
+        if token is not None:
+            tracing.end_request(ctx, token)
         if ctx.endpoint.startswith("/v1/"):
             _finish(request.app, ctx)
         raise
@@ -160,6 +172,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         resp = error_response(err, ctx)
     if not ctx.status:
         ctx.status = resp.status
+    if token is not None:
+        tracing.end_request(ctx, token)
     if ctx.endpoint.startswith("/v1/"):
         ctx.finished_at = time.perf_counter()
         # After this step aiohttp writes the response; the bookkeeping waits for the
@@ -217,15 +231,35 @@ def _prepare(
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     headers = request.headers
+    if ctx.span is not None:
+        tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
         template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
-        request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
+        with tracing.child(ctx, "shape") as span:
+            request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
+            if span is not None and ctx.shape is not None:
+                span.set_attributes(
+                    {
+                        "switchyard.template": ctx.shape.template,
+                        "switchyard.moved_segments": ctx.shape.moved,
+                        "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
+                    }
+                )
     dispatcher = request.app[DISPATCHER]
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
-    route = router_for(ctx.snapshot.policy).resolve(
-        body, hint, dispatcher.available, dispatcher.pool.in_flight
-    )
-    _set_route(ctx, route)
+    with tracing.child(ctx, "route") as span:
+        route = router_for(ctx.snapshot.policy).resolve(
+            body, hint, dispatcher.available, dispatcher.pool.in_flight
+        )
+        _set_route(ctx, route)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "switchyard.tier": route.tier or "",
+                    "switchyard.route_reason": route.header(),
+                    "switchyard.candidates": list(route.deployments),
+                }
+            )
     return route
 
 
@@ -289,6 +323,9 @@ async def fanout(request: web.Request) -> web.Response:
             snapshot=parent.snapshot,
             key_id=parent.key_id,
             timeout_override=override,
+            # Items are traced inside the fan-out's span (their attempts are its children).
+            tracer=parent.tracer,
+            span=parent.span,
         )
         try:
             if body.get("stream") is True:
@@ -488,6 +525,13 @@ async def admin_dispatch(request: web.Request) -> web.Response:
     return json_response(request.app[DISPATCHER].status())
 
 
+async def _shutdown_tracing(app: web.Application) -> None:
+    owned = app[TRACING]
+    if owned is not None:
+        # Flushes the batch processor (a blocking HTTP export at most): once, at exit.
+        await asyncio.get_running_loop().run_in_executor(None, owned.shutdown)
+
+
 def _sync_metrics(app: web.Application) -> None:
     dispatcher = app[DISPATCHER]
     stats = app.get(STATS)
@@ -547,8 +591,13 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     await app[REDIS].aclose()
 
 
-def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Application:
-    """The gateway application for ``settings`` (the policy is loaded here unless given)."""
+def create_app(
+    settings: Settings, holder: PolicyHolder | None = None, tracer: tracing.Tracing | None = None
+) -> web.Application:
+    """The gateway application for ``settings`` (the policy is loaded here unless given).
+
+    Tracing is ``tracer`` when given (tests pass one with an in-memory exporter), else what
+    the ``OTEL_*`` variables configure (off by default)."""
     app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[POLICY] = holder or PolicyHolder(settings.policy)
@@ -557,6 +606,9 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app[DISPATCHER] = Dispatcher(pool)
     app[SHAPING] = Shaping()
     app[METRICS] = Metrics()
+    app[TRACING] = tracer if tracer is not None else tracing.Tracing.from_env()
+    if tracer is None and app[TRACING] is not None:
+        app.on_cleanup.append(_shutdown_tracing)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/chat/completions", _proxy("/chat/completions", ChatCompletionRequest, True))
     app.router.add_post("/v1/completions", _proxy("/completions", CompletionRequest, True))
