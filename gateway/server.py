@@ -31,6 +31,8 @@ from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, Embed
 from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
+from gateway.dashboard import PAGE as DASHBOARD_PAGE
+from gateway.dashboard import DashboardStats, key_label
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
@@ -67,6 +69,8 @@ STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 SHAPING = web.AppKey("shaping", Shaping)
 METRICS = web.AppKey("metrics", Metrics)
+DASHBOARD = web.AppKey("dashboard", DashboardStats)
+DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
 TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
 CTX = "switchyard.ctx"
 
@@ -144,6 +148,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         snapshot=request.app[POLICY].current,
     )
     request[CTX] = ctx
+    if ctx.endpoint.startswith("/v1/"):
+        ctx.key_id = key_label(request.headers.get("Authorization"))
     tracer = request.app[TRACING]
     token = None
     if tracer is not None and ctx.endpoint.startswith("/v1/"):
@@ -187,6 +193,7 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
         app[ACCOUNTING].record(ctx)
+        app[DASHBOARD].record(ctx)
     app[METRICS].record(ctx)
     ttft = ctx.ttft_ms
     tlog.request_line(
@@ -512,6 +519,30 @@ async def admin_stats(request: web.Request) -> web.Response:
     return json_response(body)
 
 
+async def admin_dashboard(request: web.Request) -> web.Response:
+    """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key."""
+    require_admin(request)
+    since = _since_s(request)
+    policy = request.app[POLICY].current.policy
+    try:
+        async with asyncio.timeout(3.0):
+            body = await request.app[DASHBOARD].report(policy, since)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise UpstreamUnavailableError(
+            f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
+        ) from None
+    return json_response(body)
+
+
+async def dashboard_page(request: web.Request) -> web.Response:
+    """``GET /dashboard``: the static page (its data comes from ``/admin/dashboard``)."""
+    return web.Response(
+        body=request.app[DASHBOARD_HTML],
+        content_type="text/html",
+        headers={"Cache-Control": "no-cache", "X-Frame-Options": "DENY"},
+    )
+
+
 async def admin_replicas(request: web.Request) -> web.Response:
     """Replica-backed deployments: readiness, routing counts and the figures scraped from vLLM."""
     require_admin(request)
@@ -567,6 +598,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     app[REDIS] = connect(redis_url)
     app[STATS] = StatsWriter(app[REDIS])
     app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
+    app[DASHBOARD] = DashboardStats(app[STATS], app[REDIS], app[ACCOUNTING])
     dispatcher = app[DISPATCHER]
 
     def apply(snapshot: PolicySnapshot) -> None:
@@ -606,6 +638,7 @@ def create_app(
     app[DISPATCHER] = Dispatcher(pool)
     app[SHAPING] = Shaping()
     app[METRICS] = Metrics()
+    app[DASHBOARD_HTML] = DASHBOARD_PAGE.read_bytes()
     app[TRACING] = tracer if tracer is not None else tracing.Tracing.from_env()
     if tracer is None and app[TRACING] is not None:
         app.on_cleanup.append(_shutdown_tracing)
@@ -621,6 +654,8 @@ def create_app(
     app.router.add_get("/admin/policy", admin_policy)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/stats", admin_stats)
+    app.router.add_get("/admin/dashboard", admin_dashboard)
+    app.router.add_get("/dashboard", dashboard_page)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/dispatch", admin_dispatch)
     app.router.add_post("/v1/fanout", fanout)
