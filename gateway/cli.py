@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from gateway import bench
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.dispatch import batch
 from gateway.routing import cli as routing_cli
@@ -128,6 +129,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _register_local,
     batch.register,
     routing_cli.register,
+    bench.register,
 ]
 
 
