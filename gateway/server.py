@@ -148,12 +148,13 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         snapshot=request.app[POLICY].current,
     )
     request[CTX] = ctx
-    if ctx.endpoint.startswith("/v1/"):
-        ctx.key_id = key_label(request.headers.get("Authorization"))
-    tracer = request.app[TRACING]
+    api = ctx.endpoint.startswith("/v1/")
     token = None
-    if tracer is not None and ctx.endpoint.startswith("/v1/"):
-        token = tracer.start_request(ctx, request.method, request.headers)
+    if api:
+        ctx.key_id = key_label(request.headers.get("Authorization"))
+        tracer = request.app[TRACING]
+        if tracer is not None:
+            token = tracer.start_request(ctx, request.method, request.headers)
     try:
         resp = await handler(request)
     except SwitchyardError as exc:
@@ -168,7 +169,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         ctx.status = 499
         if token is not None:
             tracing.end_request(ctx, token)
-        if ctx.endpoint.startswith("/v1/"):
+        if api:
             _finish(request.app, ctx)
         raise
     except Exception:
@@ -180,7 +181,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         ctx.status = resp.status
     if token is not None:
         tracing.end_request(ctx, token)
-    if ctx.endpoint.startswith("/v1/"):
+    if api:
         ctx.finished_at = time.perf_counter()
         # After this step aiohttp writes the response; the bookkeeping waits for the
         # next loop turn so it is not on the client's latency path.

@@ -63,15 +63,28 @@ def percentile_ms(buckets: dict[int, int], q: float) -> float | None:
     return None  # pragma: no cover - seen reaches total
 
 
+MAX_KEYS = 4096
+OTHER_KEYS = "key_other"
+_labels: dict[str, str] = {}
+
+
 def key_label(authorization: str | None) -> str | None:
     """A stable, non-reversible name for the client's bearer key (``key_`` + 8 hex digits),
-    so the dashboard can tell keys apart without storing them."""
-    if not authorization or not authorization.startswith("Bearer "):
+    so the dashboard can tell keys apart without storing them. A process names at most
+    ``MAX_KEYS`` keys; later new ones are all ``key_other`` (bounded memory and Redis fields,
+    whatever keys clients send)."""
+    if not authorization:
         return None
-    token = authorization[7:].strip()
-    if not token:
+    found = _labels.get(authorization)
+    if found is not None:
+        return found
+    if not authorization.startswith("Bearer ") or not authorization[7:].strip():
         return None
-    return "key_" + hashlib.blake2b(token.encode(), digest_size=4).hexdigest()
+    if len(_labels) >= MAX_KEYS:
+        return OTHER_KEYS
+    label = "key_" + hashlib.blake2b(authorization[7:].strip().encode(), digest_size=4).hexdigest()
+    _labels[authorization] = label
+    return label
 
 
 def _minute_key(minute: int) -> str:

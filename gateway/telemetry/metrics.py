@@ -39,6 +39,11 @@ TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
+ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/fanout"}
+)
+"""``endpoint`` label values; any other path (an unknown one, ``/v1/models/{id}``) is ``other``,
+so clients cannot grow the label set."""
 
 
 def prompt_size(prompt_tokens: int | None) -> str:
@@ -156,7 +161,8 @@ class Metrics:
         """Count one finished API request."""
         deployment = ctx.deployment or ""
         tier = ctx.tier or ""
-        key = (ctx.endpoint, deployment, tier, str(ctx.status), ctx.error_code or "")
+        endpoint = ctx.endpoint if ctx.endpoint in ENDPOINTS else "other"
+        key = (endpoint, deployment, tier, str(ctx.status), (ctx.error_code or "")[:64])
         child = self._requests.get(key)
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)

@@ -35,6 +35,16 @@ def test_key_labels_are_stable_distinct_and_do_not_contain_the_key() -> None:
     assert key_label(None) is None and key_label("Basic abc") is None
 
 
+def test_a_process_names_a_bounded_number_of_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.dashboard as dash
+
+    monkeypatch.setattr(dash, "_labels", {})
+    monkeypatch.setattr(dash, "MAX_KEYS", 2)
+    first, second = key_label("Bearer one"), key_label("Bearer two")
+    assert key_label("Bearer three") == key_label("Bearer four") == "key_other"
+    assert key_label("Bearer one") == first and first != second
+
+
 def dashboard(gw: GatewayProcess, since: str = "1h") -> Any:
     with urllib.request.urlopen(f"{gw.url}/admin/dashboard?since={since}", timeout=5) as resp:
         return json.loads(resp.read())

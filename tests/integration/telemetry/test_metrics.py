@@ -4,6 +4,7 @@ and values, also summed over ``--workers 2``."""
 from __future__ import annotations
 
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -75,6 +76,9 @@ def test_metrics_count_known_traffic_by_deployment_tier_stream_and_prompt_size(
         assert chunks[-1].usage is not None
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=SHORT)
+    for path in ("/v1/made-up-1", "/v1/made-up-2"):
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(urllib.request.Request(gw.url + path, data=b"{}"), timeout=5)
     time.sleep(0.2)  # the bookkeeping runs just after the response
     m = scrape(gw.url)
 
@@ -82,6 +86,11 @@ def test_metrics_count_known_traffic_by_deployment_tier_stream_and_prompt_size(
     assert value(m, "switchyard_requests_total", deployment="a", tier="fast", **ok) == 4
     assert value(m, "switchyard_requests_total", deployment="b", tier="strong", **ok) == 2
     assert value(m, "switchyard_requests_total", status="404", error="model_not_found", deployment="") == 1
+    # Unknown paths share one label value: clients cannot grow the label set.
+    assert value(m, "switchyard_requests_total", endpoint="other", status="404") == 2
+    assert not [
+        ls for (n, ls) in m if n == "switchyard_requests_total" and ("endpoint", "/v1/made-up-1") in ls
+    ]
 
     e2e = "switchyard_request_duration_seconds_count"
     assert value(m, e2e, deployment="a", tier="fast", stream="false", prompt_size="lt1k") == 3
