@@ -84,6 +84,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(values: list[float]) -> dict[str, Any]:
+    """``{count, mean, p50, p95, p99}`` of millisecond samples (rounded to the microsecond)."""
+
     def r(v: float | None) -> float | None:
         return None if v is None else round(v, 3)
 
@@ -251,6 +253,8 @@ def parse_ratio(text: str) -> float:
 
 @dataclass(slots=True)
 class Row:
+    """One line of ``bench compare``: a shape's metric, its two p95s and the verdict."""
+
     shape: str
     metric: str
     base: float | None
@@ -284,6 +288,8 @@ def compare(
 
 
 def format_table(rows: list[Row], max_regression: float) -> str:
+    """The comparison as a fixed-width table, one row per shape and metric."""
+
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 

@@ -242,9 +242,3 @@ class Metrics:
         registry = CollectorRegistry()
         _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
-
-
-def mark_worker_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (its counters and histograms stay in the sums)."""
-    if os.environ.get(MULTIPROC_ENV):
-        _multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -3,6 +3,9 @@ and values, also summed over ``--workers 2``."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -179,3 +182,31 @@ def test_metrics_with_two_workers_sum_every_worker(make_gateway: Any, msim: SimS
         m = scrape(f"http://127.0.0.1:{port}")
         assert value(m, "switchyard_requests_total", deployment="a", status="200") == 40
         assert value(m, "switchyard_request_duration_seconds_count", deployment="a") == 40
+
+
+def test_a_dead_workers_counts_stay_in_the_sum_after_its_restart(make_gateway: Any, msim: SimServer) -> None:
+    gw = make_gateway(policy(msim), args=["--workers", "2"])
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    for _ in range(20):
+        client.chat.completions.create(model="fast", messages=SHORT)
+    pids: set[int] = set()
+    deadline = time.monotonic() + 10
+    while len(pids) < 2 and time.monotonic() < deadline:
+        with urllib.request.urlopen(gw.url + "/healthz", timeout=5) as resp:
+            pids.add(json.loads(resp.read())["pid"])
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    # The parent restarts it; until then and after, every scrape still counts all 20.
+    deadline = time.monotonic() + 15
+    seen_new = False
+    while time.monotonic() < deadline and not seen_new:
+        try:
+            with urllib.request.urlopen(gw.url + "/healthz", timeout=5) as resp:
+                seen_new = json.loads(resp.read())["pid"] not in pids
+        except OSError:
+            pass
+        time.sleep(0.05)
+    assert seen_new, "the dead worker was restarted"
+    for _ in range(6):
+        m = scrape(gw.url)
+        assert value(m, "switchyard_requests_total", deployment="a", status="200") == 20
