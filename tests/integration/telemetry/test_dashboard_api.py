@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -120,3 +121,20 @@ def test_dashboard_page_is_served(make_gateway: Any, sim: SimServer) -> None:
         assert resp.headers["Content-Type"].startswith("text/html")
         page = resp.read().decode()
     assert "/admin/dashboard" in page and "<script>" in page
+
+
+def test_with_an_admin_key_the_page_loads_but_its_data_needs_the_key(
+    make_gateway: Any, sim: SimServer
+) -> None:
+    gw = make_gateway(priced_policy(sim), env={"SWITCHYARD_ADMIN_KEY": "s3cret"})
+    with urllib.request.urlopen(gw.url + "/dashboard", timeout=5) as resp:
+        assert resp.status == 200
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(gw.url + "/admin/dashboard", timeout=5)
+    assert info.value.code == 403
+    assert json.loads(info.value.read())["error"]["code"] == "invalid_admin_key"
+    request = urllib.request.Request(
+        gw.url + "/admin/dashboard?since=5m", headers={"Authorization": "Bearer s3cret"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert json.loads(resp.read())["since_s"] == 300
