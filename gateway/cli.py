@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from gateway import bench
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.dispatch import batch
@@ -130,6 +131,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     batch.register,
     routing_cli.register,
     stats_cli.register,
+    bench.register,
 ]
 
 

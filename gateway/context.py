@@ -31,6 +31,7 @@ class RequestContext:
     deployment: str | None = None
     stream: bool = False
     attempts: int = 0
+    retries: int = 0
     hedged: bool = False
     escalated: str | None = None
     shape: ShapeResult | None = None
@@ -46,6 +47,10 @@ class RequestContext:
     chunks: int = 0
     usage: dict[str, Any] | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    tracer: Any = None
+    """The OpenTelemetry tracer while tracing is on (None: off, and no span is made)."""
+    span: Any = None
+    """The request's span while tracing is on."""
 
     @property
     def ttft_ms(self) -> float | None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 _log = structlog.get_logger("switchyard")
 _WORKER_ENV = "SWITCHYARD_WORKER_SETTINGS"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class SimProcess:
@@ -132,7 +134,18 @@ def _serve_one(
 def _serve_workers(settings: Settings) -> int:
     if settings.port == 0:
         raise SystemExit("--workers needs a fixed --port (they share it through SO_REUSEPORT)")
-    env = {**os.environ, _WORKER_ENV: settings.model_dump_json()}
+    with contextlib.ExitStack() as stack:
+        env = {**os.environ, _WORKER_ENV: settings.model_dump_json()}
+        if not env.get(MULTIPROC_ENV):
+            # Every worker writes its metrics here and a scrape of any one sums them all; a
+            # fresh folder per run, so a restart never adds the last run's counts.
+            folder = tempfile.TemporaryDirectory(prefix="switchyard-metrics-")
+            env[MULTIPROC_ENV] = stack.enter_context(folder)
+        return _supervise_workers(settings, env)
+    return 0  # pragma: no cover - the with block always returns
+
+
+def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
     cmd = [sys.executable, "-m", "gateway.runner"]
     stopping = False
 
@@ -154,6 +167,7 @@ def _serve_workers(settings: Settings) -> int:
         for i, proc in enumerate(workers):
             if proc.poll() is not None and not stopping:
                 _log.error("worker_died", pid=proc.pid, status=proc.returncode, restart_in_s=backoff_s)
+                _forget_worker_gauges(env[MULTIPROC_ENV], proc.pid)
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 10.0)
                 workers[i] = spawn()
@@ -163,6 +177,13 @@ def _serve_workers(settings: Settings) -> int:
     for proc in workers:
         _stop(proc, timeout_s=30.0)
     return 0
+
+
+def _forget_worker_gauges(path: str, pid: int) -> None:
+    from prometheus_client import multiprocess
+
+    with contextlib.suppress(OSError):
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
 
 
 def _worker_main() -> int:

@@ -31,6 +31,8 @@ from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, Embed
 from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.context import RequestContext
+from gateway.dashboard import PAGE as DASHBOARD_PAGE
+from gateway.dashboard import DashboardStats, key_label
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
@@ -51,6 +53,9 @@ from gateway.shaping.service import Shaping, pop_gateway_metadata
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
+from gateway.telemetry import tracing
+from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
@@ -63,6 +68,10 @@ REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 SHAPING = web.AppKey("shaping", Shaping)
+METRICS = web.AppKey("metrics", Metrics)
+DASHBOARD = web.AppKey("dashboard", DashboardStats)
+DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
+TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -111,6 +120,10 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-shaping"] = ctx.shape.header()
     if ctx.prefix_hit_tokens is not None:
         headers["x-switchyard-prefix-hit"] = str(ctx.prefix_hit_tokens)
+    if ctx.span is not None:
+        parent = tracing.traceparent(ctx)
+        if parent is not None:
+            headers["traceparent"] = parent
     return headers
 
 
@@ -135,6 +148,13 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         snapshot=request.app[POLICY].current,
     )
     request[CTX] = ctx
+    api = ctx.endpoint.startswith("/v1/")
+    token = None
+    if api:
+        ctx.key_id = key_label(request.headers.get("Authorization"))
+        tracer = request.app[TRACING]
+        if tracer is not None:
+            token = tracer.start_request(ctx, request.method, request.headers)
     try:
         resp = await handler(request)
     except SwitchyardError as exc:
@@ -147,7 +167,9 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     except asyncio.CancelledError:
         # The client went away; 499 as nginx logs it.
         ctx.status = 499
-        if ctx.endpoint.startswith("/v1/"):
+        if token is not None:
+            tracing.end_request(ctx, token)
+        if api:
             _finish(request.app, ctx)
         raise
     except Exception:
@@ -157,7 +179,9 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         resp = error_response(err, ctx)
     if not ctx.status:
         ctx.status = resp.status
-    if ctx.endpoint.startswith("/v1/"):
+    if token is not None:
+        tracing.end_request(ctx, token)
+    if api:
         ctx.finished_at = time.perf_counter()
         # After this step aiohttp writes the response; the bookkeeping waits for the
         # next loop turn so it is not on the client's latency path.
@@ -170,6 +194,8 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
         app[ACCOUNTING].record(ctx)
+        app[DASHBOARD].record(ctx)
+    app[METRICS].record(ctx)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
@@ -213,15 +239,35 @@ def _prepare(
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     headers = request.headers
+    if ctx.span is not None:
+        tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
         template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
-        request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
+        with tracing.child(ctx, "shape") as span:
+            request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
+            if span is not None and ctx.shape is not None:
+                span.set_attributes(
+                    {
+                        "switchyard.template": ctx.shape.template,
+                        "switchyard.moved_segments": ctx.shape.moved,
+                        "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
+                    }
+                )
     dispatcher = request.app[DISPATCHER]
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
-    route = router_for(ctx.snapshot.policy).resolve(
-        body, hint, dispatcher.available, dispatcher.pool.in_flight
-    )
-    _set_route(ctx, route)
+    with tracing.child(ctx, "route") as span:
+        route = router_for(ctx.snapshot.policy).resolve(
+            body, hint, dispatcher.available, dispatcher.pool.in_flight
+        )
+        _set_route(ctx, route)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "switchyard.tier": route.tier or "",
+                    "switchyard.route_reason": route.header(),
+                    "switchyard.candidates": list(route.deployments),
+                }
+            )
     return route
 
 
@@ -285,6 +331,9 @@ async def fanout(request: web.Request) -> web.Response:
             snapshot=parent.snapshot,
             key_id=parent.key_id,
             timeout_override=override,
+            # Items are traced inside the fan-out's span (their attempts are its children).
+            tracer=parent.tracer,
+            span=parent.span,
         )
         try:
             if body.get("stream") is True:
@@ -471,6 +520,30 @@ async def admin_stats(request: web.Request) -> web.Response:
     return json_response(body)
 
 
+async def admin_dashboard(request: web.Request) -> web.Response:
+    """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key."""
+    require_admin(request)
+    since = _since_s(request)
+    policy = request.app[POLICY].current.policy
+    try:
+        async with asyncio.timeout(3.0):
+            body = await request.app[DASHBOARD].report(policy, since)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise UpstreamUnavailableError(
+            f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
+        ) from None
+    return json_response(body)
+
+
+async def dashboard_page(request: web.Request) -> web.Response:
+    """``GET /dashboard``: the static page (its data comes from ``/admin/dashboard``)."""
+    return web.Response(
+        body=request.app[DASHBOARD_HTML],
+        content_type="text/html",
+        headers={"Cache-Control": "no-cache", "X-Frame-Options": "DENY"},
+    )
+
+
 async def admin_replicas(request: web.Request) -> web.Response:
     """Replica-backed deployments: readiness, routing counts and the figures scraped from vLLM."""
     require_admin(request)
@@ -484,6 +557,39 @@ async def admin_dispatch(request: web.Request) -> web.Response:
     return json_response(request.app[DISPATCHER].status())
 
 
+async def _shutdown_tracing(app: web.Application) -> None:
+    owned = app[TRACING]
+    if owned is not None:
+        # Flushes the batch processor (a blocking HTTP export at most): once, at exit.
+        await asyncio.get_running_loop().run_in_executor(None, owned.shutdown)
+
+
+def _sync_metrics(app: web.Application) -> None:
+    dispatcher = app[DISPATCHER]
+    stats = app.get(STATS)
+    app[METRICS].sync(
+        dispatcher.counters,
+        dispatcher.breakers.transitions,
+        dispatcher.breakers.status(),
+        stats.dropped if stats is not None else 0,
+        tlog.dropped_lines(),
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text format (every worker's figures with ``--workers N``)."""
+    _sync_metrics(request.app)
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def _sync_metrics_forever(app: web.Application, interval_s: float = 1.0) -> None:
+    # Other workers answer scrapes too: each keeps its shared-memory figures at most a second old.
+    while True:
+        await asyncio.sleep(interval_s)
+        _sync_metrics(app)
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -493,6 +599,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     app[REDIS] = connect(redis_url)
     app[STATS] = StatsWriter(app[REDIS])
     app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
+    app[DASHBOARD] = DashboardStats(app[STATS], app[REDIS], app[ACCOUNTING])
     dispatcher = app[DISPATCHER]
 
     def apply(snapshot: PolicySnapshot) -> None:
@@ -506,6 +613,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(app[STATS].run(), name="stats-writer"),
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
         asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
+        asyncio.create_task(_sync_metrics_forever(app), name="metrics-sync"),
     ]
     expectations = asyncio.create_task(app[ACCOUNTING].run(), name="cache-expectations")
     yield
@@ -519,8 +627,13 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     await app[REDIS].aclose()
 
 
-def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Application:
-    """The gateway application for ``settings`` (the policy is loaded here unless given)."""
+def create_app(
+    settings: Settings, holder: PolicyHolder | None = None, tracer: tracing.Tracing | None = None
+) -> web.Application:
+    """The gateway application for ``settings`` (the policy is loaded here unless given).
+
+    Tracing is ``tracer`` when given (tests pass one with an in-memory exporter), else what
+    the ``OTEL_*`` variables configure (off by default)."""
     app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[POLICY] = holder or PolicyHolder(settings.policy)
@@ -528,6 +641,11 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app[POOL] = pool
     app[DISPATCHER] = Dispatcher(pool)
     app[SHAPING] = Shaping()
+    app[METRICS] = Metrics()
+    app[DASHBOARD_HTML] = DASHBOARD_PAGE.read_bytes()
+    app[TRACING] = tracer if tracer is not None else tracing.Tracing.from_env()
+    if tracer is None and app[TRACING] is not None:
+        app.on_cleanup.append(_shutdown_tracing)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/chat/completions", _proxy("/chat/completions", ChatCompletionRequest, True))
     app.router.add_post("/v1/completions", _proxy("/completions", CompletionRequest, True))
@@ -536,9 +654,12 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/policy", admin_policy)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/stats", admin_stats)
+    app.router.add_get("/admin/dashboard", admin_dashboard)
+    app.router.add_get("/dashboard", dashboard_page)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/dispatch", admin_dispatch)
     app.router.add_post("/v1/fanout", fanout)

@@ -28,6 +28,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
 )
 from gateway.policy import Deployment
+from gateway.telemetry import tracing
 from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from gateway.upstream.sse import StreamScanner
 
@@ -140,7 +141,10 @@ class OpenStream:
 
 
 def _headers(ctx: RequestContext) -> dict[str, str]:
-    return {"x-request-id": ctx.request_id}
+    headers = {"x-request-id": ctx.request_id}
+    if ctx.span is not None:
+        tracing.inject(ctx, headers)
+    return headers
 
 
 _EPHEMERAL = {"type": "ephemeral"}

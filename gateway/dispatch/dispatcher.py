@@ -28,6 +28,7 @@ from gateway.dispatch.policy import HedgePolicy, Timeouts
 from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
 from gateway.policy import Policy
 from gateway.routing.resolve import Route
+from gateway.telemetry import tracing
 from gateway.upstream import Upstream, UpstreamPool
 
 __all__ = ["Dispatcher", "OpenStream", "UnaryResult", "failure_reason"]
@@ -160,6 +161,7 @@ class Dispatcher:
         opened.on_error = lambda exc: self.breakers.record(name, failure_reason(exc) not in _UNWELL)
         ctx.first_token_at = ctx.last_chunk_at = time.perf_counter()
         ctx.chunks = opened.scanner.chunks
+        tracing.first_token(ctx)
         return opened
 
     def _candidates(self, policy: Policy, route: Route) -> list[_Candidate]:
@@ -209,6 +211,7 @@ class Dispatcher:
                     self.counters["retries_refused_by_budget"] += 1
                     raise
                 extra += 1
+                ctx.retries += 1
                 self.counters["retries"] += 1
 
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
@@ -247,7 +250,13 @@ class Dispatcher:
         return self.breakers.available(name)
 
     async def _one(
-        self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
+        self,
+        ctx: RequestContext,
+        run: _Run,
+        candidate: _Candidate,
+        attempt: Attempt[T],
+        stream: bool,
+        hedge: bool = False,
     ) -> T:
         name = candidate.name
         run.tries[name] = run.tries.get(name, 0) + 1
@@ -259,20 +268,25 @@ class Dispatcher:
             self.counters["fallbacks"] += 1
         timeouts = tighten(ctx.snapshot.policy.timeouts_for(name, candidate.tier), ctx.timeout_override)
         started = time.perf_counter()
-        try:
+        with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
             try:
-                upstream = self.pool.acquire(name)
-            except KeyError:
-                raise UpstreamUnavailableError(f"deployment '{name}' is not available") from None
-            result = await attempt(upstream, timeouts)
-        except SwitchyardError as exc:
-            self.breakers.record(name, failure_reason(exc) not in _UNWELL)
-            raise
-        except asyncio.CancelledError:
-            self.breakers.abandon(name)
-            raise
-        finally:
-            run.running.discard(name)
+                try:
+                    upstream = self.pool.acquire(name)
+                except KeyError:
+                    raise UpstreamUnavailableError(f"deployment '{name}' is not available") from None
+                result = await attempt(upstream, timeouts)
+            except SwitchyardError as exc:
+                reason = failure_reason(exc)
+                tracing.attempt_outcome(span, reason or "error", exc.upstream_status)
+                self.breakers.record(name, reason not in _UNWELL)
+                raise
+            except asyncio.CancelledError:
+                tracing.attempt_outcome(span, "cancelled")
+                self.breakers.abandon(name)
+                raise
+            finally:
+                run.running.discard(name)
+            tracing.attempt_outcome(span, "ok")
         self.breakers.record(name, True)
         self._window(name, stream).add(time.perf_counter() - started)
         return result
@@ -315,7 +329,7 @@ class Dispatcher:
                     extra += 1
                     ctx.hedged = True
                     self.counters["hedges"] += 1
-                    twin_task = asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream))
+                    twin_task = asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream, hedge=True))
                     owners[twin_task] = twin
                     pending.add(twin_task)
                     continue

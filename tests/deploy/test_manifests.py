@@ -147,7 +147,8 @@ def test_compose_gateway_env_ports_and_mounts_agree() -> None:
     otel_host, otel_port = host_port(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
     collector = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
     assert otel_host == "otel-collector"
-    assert collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{otel_port}")
+    # The gateway exports OTLP over HTTP (protobuf): the collector's http receiver.
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(f":{otel_port}")
     # The policy is mounted where SWITCHYARD_POLICY says, and every file it may be is valid.
     mount = next(v for v in gateway["volumes"] if v.endswith(":ro") and "policy" in v)
     source, target, _ = mount.rsplit(":", 2)
@@ -195,8 +196,7 @@ def test_prometheus_scrapes_the_gateway_and_vllm_at_their_ports() -> None:
     assert jobs["vllm"]["metrics_path"] == "/metrics"
     gateway_path = jobs["switchyard-gateway"]["metrics_path"]
     assert gateway_path == "/metrics"
-    if ("GET", gateway_path) not in app_paths():
-        pytest.skip("the gateway's /metrics endpoint comes with the telemetry issue (#6)")
+    assert ("GET", gateway_path) in app_paths()
 
 
 def test_collector_sends_traces_to_jaeger_and_grafana_is_provisioned() -> None:

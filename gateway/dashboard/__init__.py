@@ -1,0 +1,237 @@
+"""The built-in dashboard: latency, routing mix, errors, retries and cost per deployment and
+per key, kept in Redis so every worker and replica reports the same figures.
+
+Each finished request adds to counters summed in process by the stats writer (no Redis
+round trip on the request path; dropped and counted when Redis is slow): its request,
+error, retry, hedge and fallback counts, its tier, its cost, and one log-spaced histogram
+bucket for each of TTFT, inter-token latency and end-to-end time, per (deployment, key),
+in 1-minute buckets kept 48 h (the cache-stats retention). ``GET /admin/dashboard`` reads
+a window of them; percentiles come from the buckets (each 10 % wide, so a percentile is
+within ±5 % of the exact one). ``GET /dashboard`` is a static page that polls that API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
+from gateway.context import RequestContext
+from gateway.policy import Policy
+from gateway.store.writer import StatsWriter
+from gateway.telemetry.metrics import request_cost_usd
+
+PAGE = Path(__file__).with_name("static") / "index.html"
+LATENCIES = ("ttft", "itl", "e2e")
+BASE_MS = 0.1
+GROWTH = 1.1
+_LOG_GROWTH = math.log(GROWTH)
+_NANO = 1e9
+
+
+def bucket_of(ms: float) -> int:
+    """The histogram bucket of a latency: bucket ``i`` holds (0.1 ms * 1.1^(i-1), 0.1 ms * 1.1^i]."""
+    if ms <= BASE_MS:
+        return 0
+    return math.ceil(math.log(ms / BASE_MS) / _LOG_GROWTH)
+
+
+def bucket_value_ms(index: int) -> float:
+    """The figure a bucket reports: the geometric middle of its bounds."""
+    if index <= 0:
+        return BASE_MS
+    return BASE_MS * float(GROWTH ** (index - 0.5))
+
+
+def percentile_ms(buckets: dict[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0-1) of a bucketed distribution, or None when it is empty."""
+    total = sum(buckets.values())
+    if not total:
+        return None
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for index in sorted(buckets):
+        seen += buckets[index]
+        if seen >= rank:
+            return round(bucket_value_ms(index), 3)
+    return None  # pragma: no cover - seen reaches total
+
+
+MAX_KEYS = 4096
+OTHER_KEYS = "key_other"
+_labels: dict[str, str] = {}
+
+
+def key_label(authorization: str | None) -> str | None:
+    """A stable, non-reversible name for the client's bearer key (``key_`` + 8 hex digits),
+    so the dashboard can tell keys apart without storing them. A process names at most
+    ``MAX_KEYS`` keys; later new ones are all ``key_other`` (bounded memory and Redis fields,
+    whatever keys clients send)."""
+    if not authorization:
+        return None
+    found = _labels.get(authorization)
+    if found is not None:
+        return found
+    if not authorization.startswith("Bearer ") or not authorization[7:].strip():
+        return None
+    if len(_labels) >= MAX_KEYS:
+        return OTHER_KEYS
+    label = "key_" + hashlib.blake2b(authorization[7:].strip().encode(), digest_size=4).hexdigest()
+    _labels[authorization] = label
+    return label
+
+
+def _minute_key(minute: int) -> str:
+    return f"sy:dash:{minute}"
+
+
+def _empty() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "errors": 0,
+        "retries": 0,
+        "hedges": 0,
+        "fallbacks": 0,
+        "cost_nusd": 0,
+        "hist": {name: defaultdict(int) for name in LATENCIES},
+    }
+
+
+def _merge(into: dict[str, Any], counts: dict[str, Any]) -> None:
+    for name in ("requests", "errors", "retries", "hedges", "fallbacks", "cost_nusd"):
+        into[name] += counts[name]
+    for name in LATENCIES:
+        for index, n in counts["hist"][name].items():
+            into["hist"][name][index] += n
+
+
+def _summary(counts: dict[str, Any]) -> dict[str, Any]:
+    requests = counts["requests"]
+    out: dict[str, Any] = {
+        "requests": requests,
+        "errors": counts["errors"],
+        "error_rate": round(counts["errors"] / requests, 4) if requests else 0.0,
+        "retries": counts["retries"],
+        "retry_rate": round(counts["retries"] / requests, 4) if requests else 0.0,
+        "hedges": counts["hedges"],
+        "fallbacks": counts["fallbacks"],
+        "cost_usd": round(counts["cost_nusd"] / _NANO, 6),
+    }
+    for name in LATENCIES:
+        hist = counts["hist"][name]
+        out[f"{name}_ms"] = {
+            "count": sum(hist.values()),
+            "p50": percentile_ms(hist, 0.50),
+            "p95": percentile_ms(hist, 0.95),
+        }
+    return out
+
+
+class DashboardStats:
+    """Records each finished request's dashboard counters; reads a window of them."""
+
+    def __init__(self, writer: StatsWriter, redis: Redis, accounting: Accounting) -> None:
+        self._writer = writer
+        self._redis = redis
+        self._accounting = accounting
+
+    def record(self, ctx: RequestContext) -> None:
+        """Queue this request's counters (summed in process; never waits on Redis)."""
+        if ctx.deployment is None:
+            return
+        key = _minute_key(int(time.time()) // BUCKET_S)
+        ttl = RETENTION_S + BUCKET_S
+        prefix = f"{ctx.deployment}|{ctx.key_id or NO_KEY}|"
+        hincr = self._writer.hincr
+        hincr(key, prefix + "requests", 1, ttl)
+        if ctx.status >= 400 or ctx.error_code:
+            hincr(key, prefix + "errors", 1, ttl)
+        if ctx.retries:
+            hincr(key, prefix + "retries", ctx.retries, ttl)
+        if ctx.hedged:
+            hincr(key, prefix + "hedges", 1, ttl)
+        if ctx.fallback_tier is not None:
+            hincr(key, prefix + "fallbacks", 1, ttl)
+        if ctx.tier is not None:
+            hincr(key, prefix + "tier:" + ctx.tier, 1, ttl)
+        cost = request_cost_usd(ctx.snapshot.policy, ctx)
+        if cost:
+            hincr(key, prefix + "cost_nusd", round(cost * _NANO), ttl)
+        if ctx.finished_at is not None:
+            hincr(key, prefix + f"h:e2e:{bucket_of((ctx.finished_at - ctx.started) * 1000.0)}", 1, ttl)
+        if ctx.stream and ctx.first_token_at is not None:
+            hincr(key, prefix + f"h:ttft:{bucket_of((ctx.first_token_at - ctx.started) * 1000.0)}", 1, ttl)
+            itl = ctx.itl_ms
+            if itl is not None:
+                hincr(key, prefix + f"h:itl:{bucket_of(itl)}", 1, ttl)
+
+    async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
+        """Everything the page shows, over the last ``since_s`` seconds."""
+        now_min = int(time.time()) // BUCKET_S
+        minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
+        pipe = self._redis.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(_minute_key(minute))
+        rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(_empty)
+        tiers: dict[str, int] = defaultdict(int)
+        for reply in await pipe.execute():
+            for raw_field, raw_value in reply.items():
+                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                deployment, key, metric = name.split("|", 2)
+                value = int(raw_value)
+                row = rows[deployment, key]
+                if metric.startswith("h:"):
+                    _, latency, index = metric.split(":")
+                    row["hist"][latency][int(index)] += value
+                elif metric.startswith("tier:"):
+                    tiers[metric[5:]] += value
+                elif metric in row:
+                    row[metric] += value
+        by_deployment: dict[str, dict[str, Any]] = defaultdict(_empty)
+        by_key: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        totals = _empty()
+        for (deployment, key), counts in rows.items():
+            _merge(by_deployment[deployment], counts)
+            _merge(totals, counts)
+            by_key[key][deployment] = _summary(counts)
+        routed = sum(tiers.values())
+        cache = await self._accounting.report(policy, since_s)
+        return {
+            "since_s": since_s,
+            "generated_at": time.time(),
+            "totals": _summary(totals),
+            "deployments": {name: _summary(counts) for name, counts in sorted(by_deployment.items())},
+            "tiers": {
+                tier: {"requests": n, "share": round(n / routed, 4) if routed else 0.0}
+                for tier, n in sorted(tiers.items())
+            },
+            "keys": {key: dict(sorted(models.items())) for key, models in sorted(by_key.items())},
+            "cache": {
+                "totals": {
+                    k: cache["totals"][k]
+                    for k in ("prompt_tokens", "cached_tokens", "hit_rate", "expected_hit_rate", "saved_usd")
+                },
+                "templates": [
+                    {
+                        k: t[k]
+                        for k in (
+                            "template",
+                            "requests",
+                            "prompt_tokens",
+                            "cached_tokens",
+                            "hit_rate",
+                            "expected_hit_rate",
+                            "flagged",
+                            "breaking_segment",
+                        )
+                    }
+                    for t in cache["templates"]
+                ],
+            },
+        }

@@ -1,0 +1,244 @@
+"""Prometheus metrics, served at ``GET /metrics``.
+
+A request is recorded once, when it ends (off the client's latency path): three
+histogram observations and a few counter increments on label children cached per
+label tuple. Counts that other stages keep as plain integers (retries, hedges,
+fallbacks, circuit transitions, dropped Redis writes) are copied into counters by
+:meth:`Metrics.sync`, every second and before each scrape, so dispatch and the stats
+writer stay free of metrics code.
+
+With ``--workers N`` the runner gives every worker the same ``PROMETHEUS_MULTIPROC_DIR``
+(a fresh temporary folder per run): prometheus_client's multiprocess mode keeps each
+worker's values in memory-mapped files there, and whichever worker answers a scrape
+sums them all, so a scrape sees the whole gateway, not one worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as _multiprocess
+
+from gateway.policy import Policy
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LATENCY_LABELS = ("deployment", "tier", "stream", "prompt_size")
+PROMPT_SIZES = ("lt1k", "1k_4k", "4k_16k", "gt16k", "unknown")
+"""``prompt_size`` label values: prompt tokens < 1,024, 1,024-4,095, 4,096-16,383, >= 16,384,
+or unknown (the answer carried no usage, e.g. an error)."""
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
+E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
+CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
+ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/fanout"}
+)
+"""``endpoint`` label values; any other path (an unknown one, ``/v1/models/{id}``) is ``other``,
+so clients cannot grow the label set."""
+
+
+def prompt_size(prompt_tokens: int | None) -> str:
+    """The ``prompt_size`` bucket of a prompt of ``prompt_tokens`` tokens."""
+    if prompt_tokens is None:
+        return "unknown"
+    if prompt_tokens < 1024:
+        return "lt1k"
+    if prompt_tokens < 4096:
+        return "1k_4k"
+    if prompt_tokens < 16384:
+        return "4k_16k"
+    return "gt16k"
+
+
+def request_cost_usd(policy: Policy, ctx: RequestContext) -> float:
+    """What the request cost at its deployment's ``price`` (cached prompt tokens at
+    ``cached_input``); 0 when the deployment has no price or there was no usage."""
+    deployment = policy.deployments.get(ctx.deployment or "")
+    price = deployment.price if deployment is not None else None
+    if price is None or not ctx.usage:
+        return 0.0
+    prompt = ctx.usage_int("prompt_tokens") or 0
+    cached = min(ctx.cached_tokens or 0, prompt)
+    completion = ctx.usage_int("completion_tokens") or 0
+    cached_price = price.cached_input if price.cached_input is not None else price.input
+    return ((prompt - cached) * price.input + cached * cached_price + completion * price.output) / 1e6
+
+
+class Metrics:
+    """The gateway's metrics in a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            "switchyard_time_to_first_token_seconds",
+            "Time from the request's arrival to the first streamed event (streams only).",
+            LATENCY_LABELS,
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "switchyard_inter_token_latency_seconds",
+            "Mean gap between a stream's chunks after the first, one observation per stream.",
+            LATENCY_LABELS,
+            buckets=ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "switchyard_request_duration_seconds",
+            "End-to-end time of a request in the gateway, until its last byte.",
+            LATENCY_LABELS,
+            buckets=E2E_BUCKETS_S,
+            registry=r,
+        )
+        self.requests = Counter(
+            "switchyard_requests",
+            "API requests by deployment, tier, HTTP status and error code ('' on success).",
+            ("endpoint", "deployment", "tier", "status", "error"),
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "switchyard_prompt_tokens", "Prompt tokens the upstreams reported.", ("deployment",), registry=r
+        )
+        self.cached_tokens = Counter(
+            "switchyard_cached_tokens",
+            "Prompt tokens the upstreams reported as served from their prefix cache.",
+            ("deployment",),
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "switchyard_completion_tokens", "Completion tokens reported.", ("deployment",), registry=r
+        )
+        self.cost = Counter(
+            "switchyard_cost_usd", "Cost at the policy's prices, in USD.", ("deployment",), registry=r
+        )
+        self.retries = Counter("switchyard_retries", "Attempts retried after a failure.", registry=r)
+        self.retries_refused = Counter(
+            "switchyard_retries_refused_by_budget", "Retries the retry budget refused.", registry=r
+        )
+        self.hedges = Counter("switchyard_hedges", "Hedged (parallel twin) attempts started.", registry=r)
+        self.hedges_won = Counter("switchyard_hedges_won", "Hedged attempts that answered first.", registry=r)
+        self.fallbacks = Counter(
+            "switchyard_fallbacks", "Requests answered (or tried) on a fallback tier.", registry=r
+        )
+        self.circuit_transitions = Counter(
+            "switchyard_circuit_transitions",
+            "Circuit state changes by deployment and the state entered.",
+            ("deployment", "state"),
+            registry=r,
+        )
+        self.circuit_state = Gauge(
+            "switchyard_circuit_state",
+            "Circuit state per deployment: 0 closed, 1 half-open, 2 open (the worst over workers).",
+            ("deployment",),
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.redis_dropped = Counter(
+            "switchyard_redis_writes_dropped",
+            "Stats writes to Redis dropped because Redis was slow or down.",
+            registry=r,
+        )
+        self.log_lines_dropped = Counter(
+            "switchyard_log_lines_dropped", "Log lines dropped because stdout could not keep up.", registry=r
+        )
+        self._latency: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = {}
+        self._by_deployment: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._requests: dict[tuple[str, str, str, str, str], Any] = {}
+        self._synced: dict[Any, int] = {}
+
+    def record(self, ctx: RequestContext) -> None:
+        """Count one finished API request."""
+        deployment = ctx.deployment or ""
+        tier = ctx.tier or ""
+        endpoint = ctx.endpoint if ctx.endpoint in ENDPOINTS else "other"
+        key = (endpoint, deployment, tier, str(ctx.status), (ctx.error_code or "")[:64])
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(*key)
+        child.inc()
+        if not deployment:
+            return
+        prompt = ctx.usage_int("prompt_tokens")
+        labels = (deployment, tier, "true" if ctx.stream else "false", prompt_size(prompt))
+        hists = self._latency.get(labels)
+        if hists is None:
+            hists = self._latency[labels] = (
+                self.ttft.labels(*labels),
+                self.itl.labels(*labels),
+                self.e2e.labels(*labels),
+            )
+        if ctx.finished_at is not None:
+            hists[2].observe(ctx.finished_at - ctx.started)
+        if ctx.stream and ctx.first_token_at is not None:
+            hists[0].observe(ctx.first_token_at - ctx.started)
+            itl_ms = ctx.itl_ms
+            if itl_ms is not None:
+                hists[1].observe(itl_ms / 1000.0)
+        if not ctx.usage:
+            return
+        counters = self._by_deployment.get(deployment)
+        if counters is None:
+            counters = self._by_deployment[deployment] = (
+                self.prompt_tokens.labels(deployment),
+                self.cached_tokens.labels(deployment),
+                self.completion_tokens.labels(deployment),
+                self.cost.labels(deployment),
+            )
+        if prompt:
+            counters[0].inc(prompt)
+        cached = ctx.cached_tokens
+        if cached:
+            counters[1].inc(cached)
+        completion = ctx.usage_int("completion_tokens")
+        if completion:
+            counters[2].inc(completion)
+        cost = request_cost_usd(ctx.snapshot.policy, ctx)
+        if cost:
+            counters[3].inc(cost)
+
+    def _add(self, key: Any, counter: Any, total: int) -> None:
+        delta = total - self._synced.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+            self._synced[key] = total
+
+    def sync(
+        self,
+        dispatch_counters: Mapping[str, int],
+        transitions: Mapping[tuple[str, str], int],
+        circuits: Mapping[str, Mapping[str, Any]],
+        redis_dropped: int,
+        log_lines_dropped: int,
+    ) -> None:
+        """Bring the counters other stages keep as integers up to date (cheap: a few dict reads)."""
+        add = self._add
+        add("retries", self.retries, dispatch_counters.get("retries", 0))
+        add("retries_refused", self.retries_refused, dispatch_counters.get("retries_refused_by_budget", 0))
+        add("hedges", self.hedges, dispatch_counters.get("hedges", 0))
+        add("hedges_won", self.hedges_won, dispatch_counters.get("hedges_won", 0))
+        add("fallbacks", self.fallbacks, dispatch_counters.get("fallbacks", 0))
+        for (name, state), count in transitions.items():
+            add(("circuit", name, state), self.circuit_transitions.labels(name, state), count)
+        for name, status in circuits.items():
+            self.circuit_state.labels(name).set(CIRCUIT_STATES.get(str(status.get("state")), 0))
+        add("redis_dropped", self.redis_dropped, redis_dropped)
+        add("log_dropped", self.log_lines_dropped, log_lines_dropped)
+
+    def exposition(self) -> bytes:
+        """The text format of every metric: this process's, or all workers' in multiprocess mode."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
