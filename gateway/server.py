@@ -72,7 +72,7 @@ METRICS = web.AppKey("metrics", Metrics)
 DASHBOARD = web.AppKey("dashboard", DashboardStats)
 DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
 TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
-CTX = "switchyard.ctx"
+CTX = web.RequestKey("ctx", RequestContext)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
