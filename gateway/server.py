@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import os
 import random
 import re
@@ -27,13 +26,23 @@ from redis.exceptions import RedisError
 
 from gateway import cachestats
 from gateway._model import parse_duration
-from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
+from gateway.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    check_limits,
+    validate,
+)
+from gateway.auth.keys import KeyStore, bearer_token, validate_new_key
+from gateway.auth.limits import Limiter
 from gateway.cachestats import Accounting
-from gateway.config import PolicyHolder, PolicySnapshot, Settings
+from gateway.cachestats.cost import cost_nano_usd
+from gateway.config import PolicyHolder, PolicySnapshot, Settings, is_loopback
 from gateway.context import RequestContext
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
+    AuthenticationError,
     InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
@@ -63,6 +72,9 @@ REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 SHAPING = web.AppKey("shaping", Shaping)
+KEYS = web.AppKey("keys", KeyStore)
+LIMITER = web.AppKey("limiter", Limiter)
+AUTH_MODE = web.AppKey("auth_mode", str)
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -111,6 +123,8 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         headers["x-switchyard-shaping"] = ctx.shape.header()
     if ctx.prefix_hit_tokens is not None:
         headers["x-switchyard-prefix-hit"] = str(ctx.prefix_hit_tokens)
+    if ctx.response_headers:
+        headers.update(ctx.response_headers)
     return headers
 
 
@@ -136,6 +150,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     )
     request[CTX] = ctx
     try:
+        if ctx.endpoint.startswith("/v1/") and request.app[AUTH_MODE] == "keys":
+            await _authenticate(request, ctx)
         resp = await handler(request)
     except SwitchyardError as exc:
         ctx.error_code = exc.code
@@ -165,11 +181,37 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     return resp
 
 
+async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None:
+        raise AuthenticationError(
+            "You didn't provide an API key. Send 'Authorization: Bearer <key>' with a key from "
+            "`switchyard keys create`."
+        )
+    key = await request.app[KEYS].verify(token)
+    ctx.key = key
+    ctx.key_id = key.key_id
+
+
+async def _admit(request: web.Request, ctx: RequestContext) -> None:
+    """Take this request from its key's rate limits and budget (429 when over)."""
+    key = ctx.key
+    if key is None or not key.limited:
+        return
+    admission = await request.app[LIMITER].admit(key)
+    ctx.response_headers.update(admission.headers)
+
+
 def _finish(app: web.Application, ctx: RequestContext) -> None:
     if ctx.finished_at is None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
+        found = ctx.snapshot.policy.deployments.get(ctx.deployment)
+        ctx.cost_nano_usd = cost_nano_usd(found.price if found is not None else None, ctx.usage)
         app[ACCOUNTING].record(ctx)
+    if ctx.key is not None and ctx.key.limited:
+        tokens = (ctx.usage_int("prompt_tokens") or 0) + (ctx.usage_int("completion_tokens") or 0)
+        app[LIMITER].charge(ctx.key, tokens, ctx.cost_nano_usd)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
@@ -187,6 +229,7 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         prompt_tokens=ctx.usage_int("prompt_tokens"),
         completion_tokens=ctx.usage_int("completion_tokens"),
         cached_tokens=ctx.cached_tokens,
+        cost_usd=ctx.cost_nano_usd / 1e9 if ctx.cost_nano_usd else None,
     )
 
 
@@ -194,7 +237,7 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, RecursionError):
         raise InvalidRequestError(
             "We could not parse the JSON body of your request. The body must be a JSON object.",
             code="invalid_json",
@@ -204,12 +247,23 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _checked(request: web.Request, schema: type[BaseModel], body: dict[str, Any]) -> None:
+    settings = request.app[SETTINGS]
+    check_limits(
+        body,
+        max_depth=settings.max_json_depth,
+        max_messages=settings.max_messages,
+        max_content_parts=settings.max_content_parts,
+    )
+    validate(schema, body)
+
+
 def _prepare(
     request: web.Request, ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]
 ) -> Route:
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
     template) come from headers or ``metadata`` and are not sent upstream."""
-    validate(schema, body)
+    _checked(request, schema, body)
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     headers = request.headers
@@ -222,6 +276,13 @@ def _prepare(
         body, hint, dispatcher.available, dispatcher.pool.in_flight
     )
     _set_route(ctx, route)
+    key = ctx.key
+    if key is not None and not key.allows(ctx.requested_model, route.tier):
+        raise PermissionDeniedError(
+            f"The key '{key.name}' may not use the model '{ctx.requested_model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
     return route
 
 
@@ -257,6 +318,7 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
         ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
         dispatcher = request.app[DISPATCHER]
         route = _prepare(request, ctx, schema, body)
+        await _admit(request, ctx)
         if not (streamable and body.get("stream") is True):
             result = await _unary(ctx, dispatcher, route, endpoint, body)
             request.app[SHAPING].prefix_hit(ctx)
@@ -284,12 +346,14 @@ async def fanout(request: web.Request) -> web.Response:
             endpoint="/v1/chat/completions",
             snapshot=parent.snapshot,
             key_id=parent.key_id,
+            key=parent.key,
             timeout_override=override,
         )
         try:
             if body.get("stream") is True:
                 raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
             route = _prepare(request, ctx, ChatCompletionRequest, body)
+            await _admit(request, ctx)
             result = await _unary(ctx, dispatcher, route, "/chat/completions", body)
             request.app[SHAPING].prefix_hit(ctx)
         except SwitchyardError as exc:
@@ -345,7 +409,7 @@ async def _forward_stream(
     return resp
 
 
-def _models_body(snapshot: PolicySnapshot) -> bytes:
+def _models_body(snapshot: PolicySnapshot, ctx: RequestContext) -> bytes:
     created = int(snapshot.loaded_at)
     return orjson.dumps(
         {
@@ -353,6 +417,7 @@ def _models_body(snapshot: PolicySnapshot) -> bytes:
             "data": [
                 {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
                 for name in model_names(snapshot.policy)
+                if ctx.key is None or ctx.key.allows(name)
             ],
         }
     )
@@ -360,13 +425,13 @@ def _models_body(snapshot: PolicySnapshot) -> bytes:
 
 async def list_models(request: web.Request) -> web.Response:
     ctx: RequestContext = request[CTX]
-    return web.Response(body=_models_body(ctx.snapshot), content_type="application/json")
+    return web.Response(body=_models_body(ctx.snapshot, ctx), content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
     ctx: RequestContext = request[CTX]
     name = request.match_info["model"]
-    if name not in model_names(ctx.snapshot.policy):
+    if name not in model_names(ctx.snapshot.policy) or (ctx.key is not None and not ctx.key.allows(name)):
         raise ModelNotFoundError(name)
     body = {"id": name, "object": "model", "created": int(ctx.snapshot.loaded_at), "owned_by": "switchyard"}
     return json_response(body)
@@ -409,21 +474,12 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response(body)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def require_admin(request: web.Request) -> None:
     """Admin endpoints need ``Authorization: Bearer $SWITCHYARD_ADMIN_KEY``; without an admin
     key configured they are open only on a gateway bound to loopback."""
     settings = request.app[SETTINGS]
     if settings.admin_key is None:
-        if _is_loopback(settings.host):
+        if is_loopback(settings.host):
             return
         raise PermissionDeniedError("Admin API is disabled: set SWITCHYARD_ADMIN_KEY.")
     given = request.headers.get("Authorization", "")
@@ -484,6 +540,47 @@ async def admin_dispatch(request: web.Request) -> web.Response:
     return json_response(request.app[DISPATCHER].status())
 
 
+async def admin_create_key(request: web.Request) -> web.Response:
+    """``POST /admin/keys``: a new virtual key; the secret is in this answer only."""
+    require_admin(request)
+    body = await _read_json(request)
+    name, rpm, tpm, budget, models = validate_new_key(
+        body.get("name"), body.get("rpm"), body.get("tpm"), body.get("budget_usd"), body.get("models")
+    )
+    secret, record = await request.app[KEYS].create(name, rpm=rpm, tpm=tpm, budget_usd=budget, models=models)
+    return json_response({"key": secret, **record.public()}, 201)
+
+
+async def admin_list_keys(request: web.Request) -> web.Response:
+    """``GET /admin/keys``: every key with its limits and spend, never a secret or hash."""
+    require_admin(request)
+    records = await request.app[KEYS].list()
+    spend = await request.app[LIMITER].spend_usd([r.key_id for r in records])
+    data = [{**r.public(), "spend_usd": round(spend[r.key_id], 9)} for r in records]
+    return json_response({"object": "list", "data": data})
+
+
+async def admin_revoke_key(request: web.Request) -> web.Response:
+    """``DELETE /admin/keys/{id}``: revoke a key (its record stays for the spend history)."""
+    require_admin(request)
+    key_id = request.match_info["key_id"]
+    record = await request.app[KEYS].revoke(key_id)
+    if record is None:
+        raise NotFoundError(f"No key with id '{key_id}'.", code="key_not_found")
+    return json_response(record.public())
+
+
+async def admin_costs(request: web.Request) -> web.Response:
+    """``GET /admin/costs?days=7``: spend per day, per key and per deployment."""
+    require_admin(request)
+    raw = request.query.get("days", "7")
+    if not raw.isdigit() or not 1 <= int(raw) <= cachestats.COST_RETENTION_DAYS:
+        raise InvalidRequestError(
+            f"'days' must be a whole number from 1 to {cachestats.COST_RETENTION_DAYS}.", param="days"
+        )
+    return json_response(await request.app[ACCOUNTING].costs(int(raw)))
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -493,6 +590,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     app[REDIS] = connect(redis_url)
     app[STATS] = StatsWriter(app[REDIS])
     app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
+    app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s)
+    app[LIMITER] = Limiter(app[REDIS], app[STATS])
     dispatcher = app[DISPATCHER]
 
     def apply(snapshot: PolicySnapshot) -> None:
@@ -520,6 +619,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     """The gateway application for ``settings`` (the policy is loaded here unless given)."""
     app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
+    app[AUTH_MODE] = settings.auth_mode()
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = UpstreamPool()
     app[POOL] = pool
@@ -538,15 +638,25 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app.router.add_get("/admin/stats", admin_stats)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/dispatch", admin_dispatch)
+    app.router.add_post("/admin/keys", admin_create_key)
+    app.router.add_get("/admin/keys", admin_list_keys)
+    app.router.add_delete("/admin/keys/{key_id}", admin_revoke_key)
+    app.router.add_get("/admin/costs", admin_costs)
     app.router.add_post("/v1/fanout", fanout)
     return app
 
 
 async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM, then stop accepting and close."""
+    """Serve until SIGINT/SIGTERM; then stop accepting, let the requests and streams in
+    flight finish for up to ``drain_timeout_s``, cancel what is left, and close."""
     import signal
 
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=app[SETTINGS].drain_timeout_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=1024)
     await site.start()
@@ -559,5 +669,9 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     )
     try:
         await stop.wait()
+        structlog.get_logger("switchyard").info(
+            "draining", pid=os.getpid(), deadline_s=app[SETTINGS].drain_timeout_s
+        )
     finally:
         await runner.cleanup()
+    structlog.get_logger("switchyard").info("stopped", pid=os.getpid())
