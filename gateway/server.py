@@ -209,9 +209,10 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         found = ctx.snapshot.policy.deployments.get(ctx.deployment)
         ctx.cost_nano_usd = cost_nano_usd(found.price if found is not None else None, ctx.usage)
         app[ACCOUNTING].record(ctx)
-    if ctx.key is not None and ctx.key.limited:
+    if ctx.key is not None:
+        # Tokens for the key's TPM bucket, cost for its lifetime spend (and budget).
         tokens = (ctx.usage_int("prompt_tokens") or 0) + (ctx.usage_int("completion_tokens") or 0)
-        app[LIMITER].charge(ctx.key, tokens, ctx.cost_nano_usd)
+        app[LIMITER].charge(ctx.key, tokens if ctx.key.tpm else 0, ctx.cost_nano_usd)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
