@@ -75,6 +75,7 @@ SHAPING = web.AppKey("shaping", Shaping)
 KEYS = web.AppKey("keys", KeyStore)
 LIMITER = web.AppKey("limiter", Limiter)
 AUTH_MODE = web.AppKey("auth_mode", str)
+SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -155,6 +156,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         resp = await handler(request)
     except SwitchyardError as exc:
         ctx.error_code = exc.code
+        exc.message = _scrub(request.app, ctx.snapshot, exc.message)
         resp = error_response(exc, ctx)
     except web.HTTPException as exc:
         err = _http_error(exc, request)
@@ -200,6 +202,45 @@ async def _admit(request: web.Request, ctx: RequestContext) -> None:
         return
     admission = await request.app[LIMITER].admit(key)
     ctx.response_headers.update(admission.headers)
+
+
+def _secrets(app: web.Application, snapshot: PolicySnapshot) -> tuple[str, ...]:
+    """The secret values this gateway holds: the admin key, every upstream key its policy
+    names, every header value it sends upstream (longer than 5 characters)."""
+    cache = app[SECRETS]
+    found = cache.get(snapshot.version)
+    if found is None:
+        values = {app[SETTINGS].admin_key or ""}
+        for deployment in snapshot.policy.deployments.values():
+            if deployment.api_key_env:
+                values.add(os.environ.get(deployment.api_key_env, ""))
+            values.update(deployment.headers.values())
+        found = tuple(v for v in values if len(v) > 5)
+        cache.clear()
+        cache[snapshot.version] = found
+    return found
+
+
+def _scrub(app: web.Application, snapshot: PolicySnapshot, text: str) -> str:
+    """``text`` with any secret the gateway holds replaced: an error message that quotes an
+    upstream's answer must never hand a client our keys."""
+    for secret in _secrets(app, snapshot):
+        if secret in text:
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def _redacted_policy(snapshot: PolicySnapshot) -> dict[str, Any]:
+    """The policy as ``/admin/policy`` shows it: header values (which may hold keys
+    interpolated from the environment) and credentials in URLs replaced."""
+    dumped: dict[str, Any] = snapshot.policy.model_dump(mode="json")
+    for deployment in dumped["deployments"].values():
+        deployment["headers"] = dict.fromkeys(deployment.get("headers") or {}, "<redacted>")
+        url = deployment.get("base_url")
+        if isinstance(url, str) and "@" in url.split("/", 3)[2]:
+            scheme, rest = url.split("://", 1)
+            deployment["base_url"] = f"{scheme}://<redacted>@{rest.split('@', 1)[1]}"
+    return dumped
 
 
 def _finish(app: web.Application, ctx: RequestContext) -> None:
@@ -395,6 +436,7 @@ async def _forward_stream(
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
         ctx.error_code = exc.code
+        exc.message = _scrub(request.app, ctx.snapshot, exc.message)
         tail += sse_error_event(exc)
     except ConnectionError:
         ctx.status = 499
@@ -492,7 +534,7 @@ def require_admin(request: web.Request) -> None:
 async def admin_policy(request: web.Request) -> web.Response:
     require_admin(request)
     holder = request.app[POLICY]
-    body = {**_policy_status(holder), "policy": holder.current.policy.model_dump(mode="json")}
+    body = {**_policy_status(holder), "policy": _redacted_policy(holder.current)}
     return json_response(body)
 
 
@@ -621,6 +663,7 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[AUTH_MODE] = settings.auth_mode()
+    app[SECRETS] = {}
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = UpstreamPool()
     app[POOL] = pool
