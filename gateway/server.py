@@ -63,6 +63,7 @@ from gateway.telemetry import logging as tlog
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
+_log_main = structlog.get_logger("switchyard")
 
 SETTINGS = web.AppKey("settings", Settings)
 POLICY = web.AppKey("policy", PolicyHolder)
@@ -76,6 +77,8 @@ KEYS = web.AppKey("keys", KeyStore)
 LIMITER = web.AppKey("limiter", Limiter)
 AUTH_MODE = web.AppKey("auth_mode", str)
 SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
+DRAINING = web.AppKey("draining", asyncio.Event)
+IN_FLIGHT = web.AppKey("in_flight", set[asyncio.Task[Any]])
 CTX = "switchyard.ctx"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -150,6 +153,10 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         snapshot=request.app[POLICY].current,
     )
     request[CTX] = ctx
+    task = asyncio.current_task()
+    in_flight = request.app[IN_FLIGHT]
+    if task is not None:
+        in_flight.add(task)
     try:
         if ctx.endpoint.startswith("/v1/") and request.app[AUTH_MODE] == "keys":
             await _authenticate(request, ctx)
@@ -163,16 +170,24 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         ctx.error_code = err.code
         resp = error_response(err, ctx)
     except asyncio.CancelledError:
-        # The client went away; 499 as nginx logs it.
-        ctx.status = 499
-        if ctx.endpoint.startswith("/v1/"):
-            _finish(request.app, ctx)
-        raise
+        if request.app[DRAINING].is_set() and task is not None and task.uncancel() == 0:
+            # Cancelled by the drain deadline (not by a client that went away): answer.
+            err = _shutdown_error()
+            ctx.error_code = err.code
+            resp = error_response(err, ctx)
+        else:
+            # The client went away; 499 as nginx logs it.
+            ctx.status = 499
+            if ctx.endpoint.startswith("/v1/"):
+                _finish(request.app, ctx)
+            raise
     except Exception:
         _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
         err = SwitchyardError(f"Internal error in the gateway (request id {ctx.request_id}).")
         ctx.error_code = "internal_error"
         resp = error_response(err, ctx)
+    finally:
+        in_flight.discard(task)
     if not ctx.status:
         ctx.status = resp.status
     if ctx.endpoint.startswith("/v1/"):
@@ -241,6 +256,13 @@ def _redacted_policy(snapshot: PolicySnapshot) -> dict[str, Any]:
             scheme, rest = url.split("://", 1)
             deployment["base_url"] = f"{scheme}://<redacted>@{rest.split('@', 1)[1]}"
     return dumped
+
+
+def _shutdown_error() -> SwitchyardError:
+    return UpstreamUnavailableError(
+        "The gateway is shutting down and its drain deadline passed; retry the request.",
+        code="gateway_shutdown",
+    )
 
 
 def _finish(app: web.Application, ctx: RequestContext) -> None:
@@ -441,6 +463,15 @@ async def _forward_stream(
     except ConnectionError:
         ctx.status = 499
         ctx.error_code = "client_disconnected"
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not (request.app[DRAINING].is_set() and task is not None and task.uncancel() == 0):
+            raise
+        # Cancelled by the drain deadline with the stream still running: end it with an
+        # error event the SDKs raise on, rather than cutting it silently.
+        err = _shutdown_error()
+        ctx.error_code = err.code
+        tail += sse_error_event(err)
     finally:
         opened.close()
         ctx.usage = opened.scanner.usage
@@ -664,6 +695,8 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     app[SETTINGS] = settings
     app[AUTH_MODE] = settings.auth_mode()
     app[SECRETS] = {}
+    app[DRAINING] = asyncio.Event()
+    app[IN_FLIGHT] = set()
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = UpstreamPool()
     app[POOL] = pool
@@ -690,6 +723,26 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     return app
 
 
+async def _drain(app: web.Application, runner: web.AppRunner, site: web.TCPSite) -> None:
+    """Stop accepting; wait for the requests in flight up to the deadline; cancel the rest
+    (each still answers: an error JSON, or an error event that ends its stream)."""
+    deadline_s = app[SETTINGS].drain_timeout_s
+    in_flight = app[IN_FLIGHT]
+    app[DRAINING].set()
+    _log_main.info("draining", pid=os.getpid(), in_flight=len(in_flight), deadline_s=deadline_s)
+    await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones after their request
+    if in_flight:
+        await asyncio.wait(set(in_flight), timeout=deadline_s)
+    if in_flight:
+        _log_main.warning("drain_deadline_passed", cancelled=len(in_flight))
+        tasks = list(in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=2.0)
+
+
 async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting, let the requests and streams in
     flight finish for up to ``drain_timeout_s``, cancel what is left, and close."""
@@ -699,7 +752,8 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
         app,
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=app[SETTINGS].drain_timeout_s,
+        # _drain has waited already; what is left gets this much more before it is cut.
+        shutdown_timeout=1.0,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=1024)
@@ -713,9 +767,7 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     )
     try:
         await stop.wait()
-        structlog.get_logger("switchyard").info(
-            "draining", pid=os.getpid(), deadline_s=app[SETTINGS].drain_timeout_s
-        )
+        await _drain(app, runner, site)
     finally:
         await runner.cleanup()
-    structlog.get_logger("switchyard").info("stopped", pid=os.getpid())
+    _log_main.info("stopped", pid=os.getpid())
