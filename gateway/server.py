@@ -13,6 +13,7 @@ import hmac
 import os
 import random
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -298,7 +301,14 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except RequestPayloadError:
+        encoding = request.headers.get("Content-Encoding", "")
+        raise InvalidRequestError(
+            f"The request body could not be read (Content-Encoding {encoding!r} does not match it).",
+            code="invalid_body",
+        ) from None
     try:
         body = orjson.loads(raw)
     except (orjson.JSONDecodeError, RecursionError):
@@ -723,7 +733,59 @@ def create_app(settings: Settings, holder: PolicyHolder | None = None) -> web.Ap
     return app
 
 
-async def _drain(app: web.Application, runner: web.AppRunner, site: web.TCPSite) -> None:
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp's connection handler, answering what its HTTP parser rejects (a malformed
+    request line or header, an unknown Content-Encoding ...) in OpenAI's error JSON, logged
+    as one line instead of a traceback."""
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # aiohttp logs what it could not read as a traceback; one line says as much.
+        exc = sys.exc_info()[1]
+        _log_main.info(
+            "http_connection_error", error=(str(exc).strip().splitlines() or [repr(exc)])[-1][:200]
+        )
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        reason = message or (str(exc).strip().splitlines()[-1].strip() if exc else "") or "bad request"
+        _log_main.info("bad_http_request", status=status, reason=reason[:200])
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        err: SwitchyardError
+        if status < 500:
+            err = InvalidRequestError(
+                f"The HTTP request could not be parsed: {reason[:200]}", code="bad_request"
+            )
+        else:
+            err = SwitchyardError("Internal error in the gateway.")
+        resp = web.Response(status=status, body=err.to_json(), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return _Server(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            **plain._kwargs,
+        )
+
+
+async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> None:
     """Stop accepting; wait for the requests in flight up to the deadline; cancel the rest
     (each still answers: an error JSON, or an error event that ends its stream)."""
     deadline_s = app[SETTINGS].drain_timeout_s
@@ -748,7 +810,7 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     flight finish for up to ``drain_timeout_s``, cancel what is left, and close."""
     import signal
 
-    runner = web.AppRunner(
+    runner = _Runner(
         app,
         handler_cancellation=True,
         access_log=None,
