@@ -156,6 +156,8 @@ class KeyStore:
         # token -> (verified at, record or None for "not a key"); bounded below.
         self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
         self._max_cached = 10_000
+        # One Redis lookup per token at a time: a burst of a new key's requests shares it.
+        self._lookups: dict[str, asyncio.Future[dict[str, str]]] = {}
         self.redis_errors = 0
 
     async def create(
@@ -228,8 +230,7 @@ class KeyStore:
         if parts is None:
             raise _invalid()
         try:
-            async with asyncio.timeout(1.0):
-                fields = _decode(await self._redis.hgetall(record_key(parts[0])))
+            fields = await self._lookup(token, parts[0])
         except (RedisError, OSError, TimeoutError):
             self.redis_errors += 1
             if cached is not None and now - cached[0] < self._stale_s:
@@ -247,6 +248,25 @@ class KeyStore:
             self._cache.clear()
         self._cache[token] = (now, record)
         return _accepted(record)
+
+    async def _lookup(self, token: str, key_id: str) -> dict[str, str]:
+        pending = self._lookups.get(token)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+        self._lookups[token] = future
+        try:
+            async with asyncio.timeout(1.0):
+                fields = _decode(await self._redis.hgetall(record_key(key_id)))
+        except BaseException as exc:
+            future.set_exception(exc if isinstance(exc, Exception) else RedisError("lookup cancelled"))
+            future.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        else:
+            future.set_result(fields)
+            return fields
+        finally:
+            del self._lookups[token]
 
 
 def _invalid() -> AuthenticationError:

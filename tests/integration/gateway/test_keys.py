@@ -224,3 +224,29 @@ def _wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
     from gateway.procutil import wait_http_ok
 
     wait_http_ok(f"http://127.0.0.1:{port}/healthz", 30, proc)
+
+
+def test_a_burst_of_checks_of_a_new_key_shares_one_lookup(redis_url: str) -> None:
+    """A thousand requests of a key not yet verified, at once (the soak's 1,000 streams): one
+    Redis lookup serves them all. Before, each did its own and the client's pool ran out of
+    connections (MaxConnectionsError past 100), answering 503 auth_unavailable."""
+    import asyncio
+
+    from gateway.auth.keys import KeyStore
+    from gateway.store import connect
+
+    async def burst() -> list[str]:
+        client = connect(redis_url)
+        try:
+            store = KeyStore(client)
+            secret, _ = await store.create("burst")
+            fresh = KeyStore(client)  # another replica: nothing cached
+            results = await asyncio.gather(
+                *(fresh.verify(secret) for _ in range(1000)), return_exceptions=True
+            )
+            return [r.key_id if not isinstance(r, BaseException) else repr(r) for r in results]
+        finally:
+            await client.aclose()
+
+    ids = asyncio.run(burst())
+    assert len(set(ids)) == 1 and not ids[0].startswith(("UpstreamUnavailable", "Authentication")), ids[:3]
