@@ -63,11 +63,12 @@ local budget = tonumber(ARGV[4])
 if budget > 0 and spend >= budget then
   return {0, 'budget', tostring(rl), tostring(tl), 0, tostring(spend)}
 end
-if rpm > 0 and rl < 1 then
-  return {0, 'requests', tostring(rl), tostring(tl), math.ceil((1 - rl) * 60000 / rpm), tostring(spend)}
-end
-if tpm > 0 and tl <= 0 then
-  return {0, 'tokens', tostring(rl), tostring(tl), math.ceil((1 - tl) * 60000 / tpm), tostring(spend)}
+-- Both buckets may be short: the answer names the longer wait, so one retry suffices.
+local wait_r = (rpm > 0 and rl < 1) and math.ceil((1 - rl) * 60000 / rpm) or 0
+local wait_t = (tpm > 0 and tl <= 0) and math.ceil((1 - tl) * 60000 / tpm) or 0
+if wait_r > 0 or wait_t > 0 then
+  local reason = wait_t > wait_r and 'tokens' or 'requests'
+  return {0, reason, tostring(rl), tostring(tl), math.max(wait_r, wait_t), tostring(spend)}
 end
 if rpm > 0 then
   rl = rl - 1

@@ -105,3 +105,39 @@ def test_a_key_past_its_budget_gets_insufficient_quota(sim: SimServer, make_gate
     _, listing = admin(gw, "GET", "/admin/keys")
     row = next(r for r in listing["data"] if r["id"] == made["id"])
     assert row["spend_usd"] == pytest.approx(spent, rel=1e-6)
+
+
+def test_buckets_refill_and_a_long_answer_takes_the_token_bucket_below_zero(redis_url: str) -> None:
+    import asyncio
+
+    from gateway.auth.keys import KeyRecord
+    from gateway.auth.limits import Limiter
+    from gateway.errors import RateLimitError
+    from gateway.store import connect
+    from gateway.store.writer import StatsWriter
+
+    async def main() -> None:
+        client = connect(redis_url)
+        writer = StatsWriter(client)
+        limiter = Limiter(client, writer)
+        # 120 a minute: two a second.
+        key = KeyRecord(key_id=f"{int(time.time() * 1000) % 16**12:012x}", name="refill", rpm=120, tpm=600)
+        for _ in range(120):
+            await limiter.admit(key)
+        with pytest.raises(RateLimitError) as info:
+            await limiter.admit(key)
+        assert info.value.retry_after_s is not None and 0 < info.value.retry_after_s <= 0.5
+        await asyncio.sleep(0.6)
+        admitted = await limiter.admit(key)  # one request refilled
+        assert admitted.headers["x-ratelimit-remaining-requests"] == "0"
+
+        limiter.charge(key, 900, 0)  # 300 over the bucket
+        await writer.flush()
+        with pytest.raises(RateLimitError) as tokens:
+            await limiter.admit(key)
+        # 301 tokens short at 10 a second: about 30 s.
+        assert tokens.value.retry_after_s is not None and 29 < tokens.value.retry_after_s <= 31
+        assert "tokens per minute" in tokens.value.message
+        await client.aclose()
+
+    asyncio.run(main())
