@@ -23,18 +23,23 @@ WRONG_UPSTREAM_KEY = "sk-upstream-wrong-9d8c7b6a5f4e"
 HEADER_SECRET = "hdr-secret-71c0a9e4d2f5"
 
 
-@pytest.fixture()
-def limited(sim: SimServer, make_gateway: Any) -> GatewayProcess:
-    gw: GatewayProcess = make_gateway(
+@pytest.fixture(scope="module")
+def limited(
+    sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(
         sim_policy(sim.base_url),
+        redis_url=redis_url,
+        workdir=tmp_path_factory.mktemp("limited"),
         env={
             "SWITCHYARD_MAX_MESSAGES": "8",
             "SWITCHYARD_MAX_CONTENT_PARTS": "4",
             "SWITCHYARD_MAX_JSON_DEPTH": "10",
             "SWITCHYARD_MAX_BODY_BYTES": "65536",
         },
-    )
-    return gw
+    ).start()
+    yield gw
+    gw.stop()
 
 
 def post(gw: GatewayProcess, body: Any) -> tuple[int, dict[str, Any]]:
