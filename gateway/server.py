@@ -689,6 +689,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(app[STATS].run(), name="stats-writer"),
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
         asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
+        asyncio.create_task(app[KEYS].watch_revocations(), name="key-revocations"),
     ]
     yield
     await app[ACCOUNTING].close()

@@ -8,8 +8,10 @@ dictionary to slow down (the same reasoning as GitHub's and Stripe's tokens).
 
 Verification looks the id up, hashes the given secret and compares with
 :func:`hmac.compare_digest`. Verified keys are kept in process for ``cache_s`` seconds, so
-a request costs one dictionary lookup; a revoked key stops working on other replicas
-within that time (at once on the replica that revoked it). When Redis does not answer,
+a request costs one dictionary lookup. A revocation is also written to a sorted set that
+every replica polls once a second (:meth:`KeyStore.watch_revocations`), so a revoked key
+stops working everywhere within about a second (at once on the replica that revoked it;
+within ``cache_s`` at worst, when Redis cannot be read). When Redis does not answer,
 a key verified in the last ``stale_s`` seconds keeps working: a Redis outage must not
 lock every client out.
 """
@@ -32,6 +34,8 @@ from gateway.errors import AuthenticationError, InvalidRequestError, UpstreamUna
 
 PREFIX = "sk-sy-"
 INDEX = "sy:keys"
+REVOKED = "sy:keys:revoked"
+"""A sorted set: key id -> when it was revoked; every replica polls it to drop its cache."""
 _ID_HEX = 12
 
 
@@ -216,9 +220,34 @@ class KeyStore:
         """Mark a key revoked (kept for the spend history); None when there is no such key."""
         if not await self._redis.exists(record_key(key_id)):
             return None
-        await self._redis.hset(record_key(key_id), "revoked_at", repr(time.time()))
-        self._cache = {t: entry for t, entry in self._cache.items() if not t.startswith(PREFIX + key_id)}
+        now = time.time()
+        await self._redis.hset(record_key(key_id), "revoked_at", repr(now))
+        await self._redis.zadd(REVOKED, {key_id: now})
+        self.forget(key_id)
         return await self.get(key_id)
+
+    def forget(self, key_id: str) -> None:
+        """Drop this key's cached verifications."""
+        prefix = f"{PREFIX}{key_id}_"
+        self._cache = {t: entry for t, entry in self._cache.items() if not t.startswith(prefix)}
+
+    async def watch_revocations(self, interval_s: float = 1.0) -> None:
+        """Poll the revocations made by any replica and forget those keys. Runs until cancelled;
+        a Redis that does not answer is tried again next time."""
+        seen_until = time.time()
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                async with asyncio.timeout(1.0):
+                    # Look back a few seconds: the replicas' clocks differ a little.
+                    found: list[Any] = await self._redis.zrangebyscore(
+                        REVOKED, seen_until - 5.0, "+inf", withscores=True
+                    )
+            except (RedisError, OSError, TimeoutError):
+                continue
+            for raw, score in found:
+                self.forget(raw.decode() if isinstance(raw, bytes) else str(raw))
+                seen_until = max(seen_until, float(score))
 
     async def verify(self, token: str) -> KeyRecord:
         """The record of a valid, unrevoked key; :class:`AuthenticationError` otherwise."""

@@ -46,6 +46,25 @@ def admin(gw: GatewayProcess, method: str, path: str, body: Any = None, key: str
         return exc.code, json.loads(exc.read())
 
 
+def test_a_revocation_reaches_another_replica_within_about_a_second(
+    sim: SimServer, make_gateway: Any
+) -> None:
+    env = {"SWITCHYARD_AUTH": "keys", "SWITCHYARD_ADMIN_KEY": ADMIN_KEY, "SWITCHYARD_KEY_CACHE_S": "300"}
+    first = make_gateway(sim_policy(sim.base_url), env=env)
+    second = make_gateway(sim_policy(sim.base_url), env=env, flush_redis=False)
+    _, made = admin(first, "POST", "/admin/keys", {"name": "short-lived"})
+    assert client(second, made["key"]).models.list().data  # now cached for 300 s on the second
+    assert admin(first, "DELETE", f"/admin/keys/{made['id']}")[0] == 200
+    t0 = time.monotonic()
+    while True:
+        try:
+            client(second, made["key"]).models.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - t0 < 3, "the other replica still accepts the revoked key"
+        time.sleep(0.1)
+
+
 @pytest.fixture()
 def keyed(sim: SimServer, make_gateway: Any) -> GatewayProcess:
     gw: GatewayProcess = make_gateway(
