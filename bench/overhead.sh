@@ -6,7 +6,7 @@
 # Usage: bash bench/overhead.sh [--litellm] [--workers N] [--duration S] [--out FILE]
 #                               [--warmup S] [--concurrency "1 16 64"] [--modes "nonstream stream"]
 #                               [--repeat N] [--wrk-threads N] [--baseline FILE] [--strict] [--keep]
-#                               [--profile] [--wait-quiet S]
+#                               [--profile] [--wait-quiet S] [--key none|unlimited|limited]
 #
 # Environment: VENV (the venv whose bin/switchyard to run), SWITCHYARD (the binary itself),
 # NGINX (default /usr/sbin/nginx), WRK (default wrk), PYTHON (runs report.py, default python3),
@@ -31,6 +31,7 @@ WRK_THREADS=1
 REPEAT=1
 PROFILE=0
 WAIT_QUIET_S=0
+KEY_MODE=none
 
 usage() {
   # The comment block at the top of this file.
@@ -58,6 +59,7 @@ while [[ $# -gt 0 ]]; do
     --keep) KEEP=1 ;;
     --profile) PROFILE=1 ;;
     --wait-quiet) WAIT_QUIET_S=${2:?--wait-quiet needs seconds}; shift ;;
+    --key) KEY_MODE=${2:?--key needs none, unlimited or limited}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument: $1 (try --help)" ;;
   esac
@@ -70,6 +72,7 @@ done
 [[ $WRK_THREADS =~ ^[1-9][0-9]*$ ]] || die "--wrk-threads must be a positive integer"
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 [[ $WAIT_QUIET_S =~ ^[0-9]+$ ]] || die "--wait-quiet must be whole seconds"
+[[ $KEY_MODE == none || $KEY_MODE == unlimited || $KEY_MODE == limited ]] || die "--key: none, unlimited or limited"
 for m in $MODES; do
   [[ $m == nonstream || $m == stream ]] || die "--modes: unknown mode '$m'"
 done
@@ -277,7 +280,13 @@ EOF
 GW_ARGS=(serve --policy "$WORK/policy.yaml" --host 127.0.0.1 --port "$GW_PORT")
 [[ $WORKERS == 1 ]] || GW_ARGS+=(--workers "$WORKERS")
 log "gateway: $SWITCHYARD ${GW_ARGS[*]} (embedded Redis)"
-start gateway "$WORK/gateway.log" env -u REDIS_URL "$SWITCHYARD" "${GW_ARGS[@]}"
+GW_ENV=()
+ADMIN_KEY=bench-admin-key
+# --key unlimited|limited: the gateway requires a virtual key (checked on every request,
+# cached in process); limited also gives it RPM/TPM far above the load, so every request
+# runs the Lua rate limiter in Redis and charges its tokens.
+[[ $KEY_MODE == none ]] || GW_ENV=(SWITCHYARD_AUTH=keys SWITCHYARD_ADMIN_KEY=$ADMIN_KEY)
+start gateway "$WORK/gateway.log" env -u REDIS_URL "${GW_ENV[@]}" "$SWITCHYARD" "${GW_ARGS[@]}"
 GW_PID=$START_PID
 gw_up=0
 deadline=$((SECONDS + 60))
@@ -310,6 +319,16 @@ if [[ $WORKERS -gt 1 ]]; then
   sleep 1
 fi
 log "gateway up on :$GW_PORT ($WORKERS worker(s))"
+GW_KEY=sk-bench-dummy
+if [[ $KEY_MODE != none ]]; then
+  limits=""
+  [[ $KEY_MODE == limited ]] && limits=', "rpm": 1000000000, "tpm": 1000000000000'
+  GW_KEY=$(curl -sS --max-time 5 -X POST "http://127.0.0.1:$GW_PORT/admin/keys" \
+    -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
+    -d "{\"name\": \"bench\"$limits}" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["key"])') ||
+    die "could not create a virtual key for --key $KEY_MODE"
+  log "virtual key ($KEY_MODE) created"
+fi
 
 # --- LiteLLM (optional) -------------------------------------------------------------------
 
@@ -398,7 +417,9 @@ target_pgid() {
     litellm) echo "$LL_PID" ;;
   esac
 }
-target_key() { if [[ $1 == litellm ]]; then echo "$LL_KEY"; else echo sk-bench-dummy; fi; }
+target_key() {
+  if [[ $1 == litellm ]]; then echo "$LL_KEY"; elif [[ $1 == gateway ]]; then echo "$GW_KEY"; else echo sk-bench-dummy; fi
+}
 mode_script() { if [[ $1 == stream ]]; then echo "$BENCH_DIR/wrk/chat_stream.lua"; else echo "$BENCH_DIR/wrk/chat.lua"; fi; }
 
 # One request per target and mode with curl: status, completeness and size of the answer.
@@ -570,7 +591,7 @@ cat >"$WORK/meta.json" <<EOF
 {
   "timestamp_utc": "$STAMP",
   "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
-  "settings": {"workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
   "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION"},
   "machine_busy_before_pct": $BUSY_BEFORE,
   "litellm_status": "$LITELLM_STATUS",

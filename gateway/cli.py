@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 
 from gateway import bench
+from gateway.auth import cli as keys_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.dispatch import batch
@@ -35,6 +36,18 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--workers", type=int, help="processes sharing the port (SWITCHYARD_WORKERS, default 1)")
     p.add_argument("--redis-url", help="Redis URL (REDIS_URL); default: an embedded redis-server")
     p.add_argument("--log-format", choices=["json", "console"], help="SWITCHYARD_LOG_FORMAT, default json")
+    p.add_argument(
+        "--auth",
+        choices=["auto", "keys", "none"],
+        help="SWITCHYARD_AUTH: keys (a virtual key on every /v1 request), none, or auto (default: "
+        "none on a loopback bind, keys otherwise)",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="allow --auth none on a non-loopback address (SWITCHYARD_INSECURE_NO_AUTH)",
+    )
     p.set_defaults(func=_cmd_serve)
 
 
@@ -50,7 +63,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             redis_url=args.redis_url,
             log_format=args.log_format,
+            auth=args.auth,
+            insecure_no_auth=args.insecure_no_auth,
         )
+        settings.auth_mode()
     except ValueError as exc:
         print(f"switchyard: bad settings: {exc}", file=sys.stderr)
         return 2
@@ -132,6 +148,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     routing_cli.register,
     stats_cli.register,
     bench.register,
+    keys_cli.register,
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import os
 import re
 import time
@@ -45,6 +46,27 @@ class Settings(BaseModel):
     reload_interval_s: float = Field(0.5, gt=0)
     admin_key: str | None = Field(None, repr=False)
     sim_port: int = Field(0, ge=0, le=65535)
+    auth: Literal["auto", "keys", "none"] = "auto"
+    insecure_no_auth: bool = False
+    key_cache_s: float = Field(10.0, ge=0)
+    max_messages: int = Field(2048, ge=1)
+    max_content_parts: int = Field(512, ge=1)
+    max_json_depth: int = Field(64, ge=4, le=1000)
+    drain_timeout_s: float = Field(30.0, ge=0)
+
+    def auth_mode(self) -> Literal["keys", "none"]:
+        """``keys`` (a virtual key on every /v1 request) or ``none``. ``auto`` is ``none`` on a
+        loopback bind and ``keys`` on any other address. ``none`` on a non-loopback address
+        is refused unless ``insecure_no_auth`` says it is meant: a gateway holding paid API
+        keys must not serve the network without keys by accident."""
+        if self.auth == "auto":
+            return "none" if is_loopback(self.host) else "keys"
+        if self.auth == "none" and not is_loopback(self.host) and not self.insecure_no_auth:
+            raise ValueError(
+                f"auth 'none' on the non-loopback address {self.host} would let anyone spend through "
+                "this gateway: use SWITCHYARD_AUTH=keys, bind 127.0.0.1, or pass --insecure-no-auth"
+            )
+        return self.auth
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -59,6 +81,16 @@ class Settings(BaseModel):
             values["redis_url"] = env["REDIS_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class PolicyError(Exception):

@@ -10,6 +10,7 @@ from gateway.config import PolicySnapshot
 from gateway.dispatch.policy import Timeouts
 
 if TYPE_CHECKING:
+    from gateway.auth.keys import KeyRecord
     from gateway.shaping.shaper import ShapeResult
 
 
@@ -25,6 +26,7 @@ class RequestContext:
     snapshot: PolicySnapshot
     started: float = field(default_factory=time.perf_counter)
     key_id: str | None = None
+    key: KeyRecord | None = None
     requested_model: str | None = None
     tier: str | None = None
     route_reason: str | None = None
@@ -46,6 +48,7 @@ class RequestContext:
     finished_at: float | None = None
     chunks: int = 0
     usage: dict[str, Any] | None = None
+    cost_nano_usd: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)
     tracer: Any = None
     """The OpenTelemetry tracer while tracing is on (None: off, and no span is made)."""

@@ -175,7 +175,8 @@ def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     for proc in workers:
-        _stop(proc, timeout_s=30.0)
+        # Each worker drains its requests for up to drain_timeout_s before it exits.
+        _stop(proc, timeout_s=settings.drain_timeout_s + 10.0)
     return 0
 
 

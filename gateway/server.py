@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import os
 import random
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -21,21 +21,33 @@ from typing import Any
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway import cachestats
 from gateway._model import parse_duration
-from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, validate
+from gateway.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    check_limits,
+    validate,
+)
+from gateway.auth.keys import KeyStore, bearer_token, validate_new_key
+from gateway.auth.limits import Limiter
 from gateway.cachestats import Accounting
-from gateway.config import PolicyHolder, PolicySnapshot, Settings
+from gateway.cachestats.cost import cost_nano_usd
+from gateway.config import PolicyHolder, PolicySnapshot, Settings, is_loopback
 from gateway.context import RequestContext
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
 from gateway.dashboard import DashboardStats, key_label
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
+    AuthenticationError,
     InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
@@ -59,6 +71,7 @@ from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
+_log_main = structlog.get_logger("switchyard")
 
 SETTINGS = web.AppKey("settings", Settings)
 POLICY = web.AppKey("policy", PolicyHolder)
@@ -72,6 +85,12 @@ METRICS = web.AppKey("metrics", Metrics)
 DASHBOARD = web.AppKey("dashboard", DashboardStats)
 DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
 TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
+KEYS = web.AppKey("keys", KeyStore)
+LIMITER = web.AppKey("limiter", Limiter)
+AUTH_MODE = web.AppKey("auth_mode", str)
+SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
+DRAINING = web.AppKey("draining", asyncio.Event)
+IN_FLIGHT = web.AppKey("in_flight", set[asyncio.Task[Any]])
 CTX = web.RequestKey("ctx", RequestContext)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -124,6 +143,8 @@ def _route_headers(ctx: RequestContext) -> dict[str, str]:
         parent = tracing.traceparent(ctx)
         if parent is not None:
             headers["traceparent"] = parent
+    if ctx.response_headers:
+        headers.update(ctx.response_headers)
     return headers
 
 
@@ -151,32 +172,49 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     api = ctx.endpoint.startswith("/v1/")
     token = None
     if api:
-        ctx.key_id = key_label(request.headers.get("Authorization"))
         tracer = request.app[TRACING]
         if tracer is not None:
             token = tracer.start_request(ctx, request.method, request.headers)
+    task = asyncio.current_task()
+    in_flight = request.app[IN_FLIGHT]
+    if task is not None:
+        in_flight.add(task)
     try:
+        if api and request.app[AUTH_MODE] == "keys":
+            await _authenticate(request, ctx)
+        elif api:
+            # No virtual keys: the per-key views name a client by a short hash of its token.
+            ctx.key_id = key_label(request.headers.get("Authorization"))
         resp = await handler(request)
     except SwitchyardError as exc:
         ctx.error_code = exc.code
+        exc.message = _scrub(request.app, ctx.snapshot, exc.message)
         resp = error_response(exc, ctx)
     except web.HTTPException as exc:
         err = _http_error(exc, request)
         ctx.error_code = err.code
         resp = error_response(err, ctx)
     except asyncio.CancelledError:
-        # The client went away; 499 as nginx logs it.
-        ctx.status = 499
-        if token is not None:
-            tracing.end_request(ctx, token)
-        if api:
-            _finish(request.app, ctx)
-        raise
+        if request.app[DRAINING].is_set() and task is not None and task.uncancel() == 0:
+            # Cancelled by the drain deadline (not by a client that went away): answer.
+            err = _shutdown_error()
+            ctx.error_code = err.code
+            resp = error_response(err, ctx)
+        else:
+            # The client went away; 499 as nginx logs it.
+            ctx.status = 499
+            if token is not None:
+                tracing.end_request(ctx, token)
+            if api:
+                _finish(request.app, ctx)
+            raise
     except Exception:
         _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
         err = SwitchyardError(f"Internal error in the gateway (request id {ctx.request_id}).")
         ctx.error_code = "internal_error"
         resp = error_response(err, ctx)
+    finally:
+        in_flight.discard(task)
     if not ctx.status:
         ctx.status = resp.status
     if token is not None:
@@ -189,13 +227,86 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     return resp
 
 
+async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None:
+        raise AuthenticationError(
+            "You didn't provide an API key. Send 'Authorization: Bearer <key>' with a key from "
+            "`switchyard keys create`."
+        )
+    key = await request.app[KEYS].verify(token)
+    ctx.key = key
+    ctx.key_id = key.key_id
+
+
+async def _admit(request: web.Request, ctx: RequestContext) -> None:
+    """Take this request from its key's rate limits and budget (429 when over)."""
+    key = ctx.key
+    if key is None or not key.limited:
+        return
+    admission = await request.app[LIMITER].admit(key)
+    ctx.response_headers.update(admission.headers)
+
+
+def _secrets(app: web.Application, snapshot: PolicySnapshot) -> tuple[str, ...]:
+    """The secret values this gateway holds: the admin key, every upstream key its policy
+    names, every header value it sends upstream (longer than 5 characters)."""
+    cache = app[SECRETS]
+    found = cache.get(snapshot.version)
+    if found is None:
+        values = {app[SETTINGS].admin_key or ""}
+        for deployment in snapshot.policy.deployments.values():
+            if deployment.api_key_env:
+                values.add(os.environ.get(deployment.api_key_env, ""))
+            values.update(deployment.headers.values())
+        found = tuple(v for v in values if len(v) > 5)
+        cache.clear()
+        cache[snapshot.version] = found
+    return found
+
+
+def _scrub(app: web.Application, snapshot: PolicySnapshot, text: str) -> str:
+    """``text`` with any secret the gateway holds replaced: an error message that quotes an
+    upstream's answer must never hand a client our keys."""
+    for secret in _secrets(app, snapshot):
+        if secret in text:
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def _redacted_policy(snapshot: PolicySnapshot) -> dict[str, Any]:
+    """The policy as ``/admin/policy`` shows it: header values (which may hold keys
+    interpolated from the environment) and credentials in URLs replaced."""
+    dumped: dict[str, Any] = snapshot.policy.model_dump(mode="json")
+    for deployment in dumped["deployments"].values():
+        deployment["headers"] = dict.fromkeys(deployment.get("headers") or {}, "<redacted>")
+        url = deployment.get("base_url")
+        if isinstance(url, str) and "@" in url.split("/", 3)[2]:
+            scheme, rest = url.split("://", 1)
+            deployment["base_url"] = f"{scheme}://<redacted>@{rest.split('@', 1)[1]}"
+    return dumped
+
+
+def _shutdown_error() -> SwitchyardError:
+    return UpstreamUnavailableError(
+        "The gateway is shutting down and its drain deadline passed; retry the request.",
+        code="gateway_shutdown",
+    )
+
+
 def _finish(app: web.Application, ctx: RequestContext) -> None:
     if ctx.finished_at is None:
         ctx.finished_at = time.perf_counter()
     if ctx.deployment is not None:
+        found = ctx.snapshot.policy.deployments.get(ctx.deployment)
+        ctx.cost_nano_usd = cost_nano_usd(found.price if found is not None else None, ctx.usage)
         app[ACCOUNTING].record(ctx)
         app[DASHBOARD].record(ctx)
     app[METRICS].record(ctx)
+    if ctx.key is not None:
+        # Tokens for the key's TPM bucket, cost for its lifetime spend (and budget).
+        tokens = (ctx.usage_int("prompt_tokens") or 0) + (ctx.usage_int("completion_tokens") or 0)
+        app[LIMITER].charge(ctx.key, tokens if ctx.key.tpm else 0, ctx.cost_nano_usd)
     ttft = ctx.ttft_ms
     tlog.request_line(
         request_id=ctx.request_id,
@@ -213,14 +324,22 @@ def _finish(app: web.Application, ctx: RequestContext) -> None:
         prompt_tokens=ctx.usage_int("prompt_tokens"),
         completion_tokens=ctx.usage_int("completion_tokens"),
         cached_tokens=ctx.cached_tokens,
+        cost_usd=ctx.cost_nano_usd / 1e9 if ctx.cost_nano_usd else None,
     )
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except RequestPayloadError:
+        encoding = request.headers.get("Content-Encoding", "")
+        raise InvalidRequestError(
+            f"The request body could not be read (Content-Encoding {encoding!r} does not match it).",
+            code="invalid_body",
+        ) from None
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, RecursionError):
         raise InvalidRequestError(
             "We could not parse the JSON body of your request. The body must be a JSON object.",
             code="invalid_json",
@@ -230,12 +349,23 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _checked(request: web.Request, schema: type[BaseModel], body: dict[str, Any]) -> None:
+    settings = request.app[SETTINGS]
+    check_limits(
+        body,
+        max_depth=settings.max_json_depth,
+        max_messages=settings.max_messages,
+        max_content_parts=settings.max_content_parts,
+    )
+    validate(schema, body)
+
+
 def _prepare(
     request: web.Request, ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]
 ) -> Route:
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
     template) come from headers or ``metadata`` and are not sent upstream."""
-    validate(schema, body)
+    _checked(request, schema, body)
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     headers = request.headers
@@ -268,6 +398,13 @@ def _prepare(
                     "switchyard.candidates": list(route.deployments),
                 }
             )
+    key = ctx.key
+    if key is not None and not key.allows(ctx.requested_model, route.tier):
+        raise PermissionDeniedError(
+            f"The key '{key.name}' may not use the model '{ctx.requested_model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
     return route
 
 
@@ -303,6 +440,7 @@ def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
         ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
         dispatcher = request.app[DISPATCHER]
         route = _prepare(request, ctx, schema, body)
+        await _admit(request, ctx)
         if not (streamable and body.get("stream") is True):
             result = await _unary(ctx, dispatcher, route, endpoint, body)
             request.app[SHAPING].prefix_hit(ctx)
@@ -330,6 +468,7 @@ async def fanout(request: web.Request) -> web.Response:
             endpoint="/v1/chat/completions",
             snapshot=parent.snapshot,
             key_id=parent.key_id,
+            key=parent.key,
             timeout_override=override,
             # Items are traced inside the fan-out's span (their attempts are its children).
             tracer=parent.tracer,
@@ -339,6 +478,7 @@ async def fanout(request: web.Request) -> web.Response:
             if body.get("stream") is True:
                 raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
             route = _prepare(request, ctx, ChatCompletionRequest, body)
+            await _admit(request, ctx)
             result = await _unary(ctx, dispatcher, route, "/chat/completions", body)
             request.app[SHAPING].prefix_hit(ctx)
         except SwitchyardError as exc:
@@ -379,10 +519,20 @@ async def _forward_stream(
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
         ctx.error_code = exc.code
+        exc.message = _scrub(request.app, ctx.snapshot, exc.message)
         tail += sse_error_event(exc)
     except ConnectionError:
         ctx.status = 499
         ctx.error_code = "client_disconnected"
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not (request.app[DRAINING].is_set() and task is not None and task.uncancel() == 0):
+            raise
+        # Cancelled by the drain deadline with the stream still running: end it with an
+        # error event the SDKs raise on, rather than cutting it silently.
+        err = _shutdown_error()
+        ctx.error_code = err.code
+        tail += sse_error_event(err)
     finally:
         opened.close()
         ctx.usage = opened.scanner.usage
@@ -394,7 +544,7 @@ async def _forward_stream(
     return resp
 
 
-def _models_body(snapshot: PolicySnapshot) -> bytes:
+def _models_body(snapshot: PolicySnapshot, ctx: RequestContext) -> bytes:
     created = int(snapshot.loaded_at)
     return orjson.dumps(
         {
@@ -402,6 +552,7 @@ def _models_body(snapshot: PolicySnapshot) -> bytes:
             "data": [
                 {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
                 for name in model_names(snapshot.policy)
+                if ctx.key is None or ctx.key.allows(name)
             ],
         }
     )
@@ -409,13 +560,13 @@ def _models_body(snapshot: PolicySnapshot) -> bytes:
 
 async def list_models(request: web.Request) -> web.Response:
     ctx: RequestContext = request[CTX]
-    return web.Response(body=_models_body(ctx.snapshot), content_type="application/json")
+    return web.Response(body=_models_body(ctx.snapshot, ctx), content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
     ctx: RequestContext = request[CTX]
     name = request.match_info["model"]
-    if name not in model_names(ctx.snapshot.policy):
+    if name not in model_names(ctx.snapshot.policy) or (ctx.key is not None and not ctx.key.allows(name)):
         raise ModelNotFoundError(name)
     body = {"id": name, "object": "model", "created": int(ctx.snapshot.loaded_at), "owned_by": "switchyard"}
     return json_response(body)
@@ -458,21 +609,12 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response(body)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def require_admin(request: web.Request) -> None:
     """Admin endpoints need ``Authorization: Bearer $SWITCHYARD_ADMIN_KEY``; without an admin
     key configured they are open only on a gateway bound to loopback."""
     settings = request.app[SETTINGS]
     if settings.admin_key is None:
-        if _is_loopback(settings.host):
+        if is_loopback(settings.host):
             return
         raise PermissionDeniedError("Admin API is disabled: set SWITCHYARD_ADMIN_KEY.")
     given = request.headers.get("Authorization", "")
@@ -484,7 +626,7 @@ def require_admin(request: web.Request) -> None:
 async def admin_policy(request: web.Request) -> web.Response:
     require_admin(request)
     holder = request.app[POLICY]
-    body = {**_policy_status(holder), "policy": holder.current.policy.model_dump(mode="json")}
+    body = {**_policy_status(holder), "policy": _redacted_policy(holder.current)}
     return json_response(body)
 
 
@@ -590,6 +732,47 @@ async def _sync_metrics_forever(app: web.Application, interval_s: float = 1.0) -
         _sync_metrics(app)
 
 
+async def admin_create_key(request: web.Request) -> web.Response:
+    """``POST /admin/keys``: a new virtual key; the secret is in this answer only."""
+    require_admin(request)
+    body = await _read_json(request)
+    name, rpm, tpm, budget, models = validate_new_key(
+        body.get("name"), body.get("rpm"), body.get("tpm"), body.get("budget_usd"), body.get("models")
+    )
+    secret, record = await request.app[KEYS].create(name, rpm=rpm, tpm=tpm, budget_usd=budget, models=models)
+    return json_response({"key": secret, **record.public()}, 201)
+
+
+async def admin_list_keys(request: web.Request) -> web.Response:
+    """``GET /admin/keys``: every key with its limits and spend, never a secret or hash."""
+    require_admin(request)
+    records = await request.app[KEYS].list()
+    spend = await request.app[LIMITER].spend_usd([r.key_id for r in records])
+    data = [{**r.public(), "spend_usd": round(spend[r.key_id], 9)} for r in records]
+    return json_response({"object": "list", "data": data})
+
+
+async def admin_revoke_key(request: web.Request) -> web.Response:
+    """``DELETE /admin/keys/{id}``: revoke a key (its record stays for the spend history)."""
+    require_admin(request)
+    key_id = request.match_info["key_id"]
+    record = await request.app[KEYS].revoke(key_id)
+    if record is None:
+        raise NotFoundError(f"No key with id '{key_id}'.", code="key_not_found")
+    return json_response(record.public())
+
+
+async def admin_costs(request: web.Request) -> web.Response:
+    """``GET /admin/costs?days=7``: spend per day, per key and per deployment."""
+    require_admin(request)
+    raw = request.query.get("days", "7")
+    if not raw.isdigit() or not 1 <= int(raw) <= cachestats.COST_RETENTION_DAYS:
+        raise InvalidRequestError(
+            f"'days' must be a whole number from 1 to {cachestats.COST_RETENTION_DAYS}.", param="days"
+        )
+    return json_response(await request.app[ACCOUNTING].costs(int(raw)))
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
@@ -600,6 +783,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     app[STATS] = StatsWriter(app[REDIS])
     app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
     app[DASHBOARD] = DashboardStats(app[STATS], app[REDIS], app[ACCOUNTING])
+    app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s)
+    app[LIMITER] = Limiter(app[REDIS], app[STATS])
     dispatcher = app[DISPATCHER]
 
     def apply(snapshot: PolicySnapshot) -> None:
@@ -614,6 +799,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(dispatcher.breakers.share(app[REDIS]), name="circuit-share"),
         asyncio.create_task(app[SHAPING].stability.sync(app[REDIS]), name="stability-sync"),
         asyncio.create_task(_sync_metrics_forever(app), name="metrics-sync"),
+        asyncio.create_task(app[KEYS].watch_revocations(), name="key-revocations"),
     ]
     expectations = asyncio.create_task(app[ACCOUNTING].run(), name="cache-expectations")
     yield
@@ -636,6 +822,10 @@ def create_app(
     the ``OTEL_*`` variables configure (off by default)."""
     app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
+    app[AUTH_MODE] = settings.auth_mode()
+    app[SECRETS] = {}
+    app[DRAINING] = asyncio.Event()
+    app[IN_FLIGHT] = set()
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = UpstreamPool()
     app[POOL] = pool
@@ -662,15 +852,98 @@ def create_app(
     app.router.add_get("/dashboard", dashboard_page)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/dispatch", admin_dispatch)
+    app.router.add_post("/admin/keys", admin_create_key)
+    app.router.add_get("/admin/keys", admin_list_keys)
+    app.router.add_delete("/admin/keys/{key_id}", admin_revoke_key)
+    app.router.add_get("/admin/costs", admin_costs)
     app.router.add_post("/v1/fanout", fanout)
     return app
 
 
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp's connection handler, answering what its HTTP parser rejects (a malformed
+    request line or header, an unknown Content-Encoding ...) in OpenAI's error JSON, logged
+    as one line instead of a traceback."""
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # aiohttp logs what it could not read as a traceback; one line says as much.
+        exc = sys.exc_info()[1]
+        _log_main.info(
+            "http_connection_error", error=(str(exc).strip().splitlines() or [repr(exc)])[-1][:200]
+        )
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        reason = message or (str(exc).strip().splitlines()[-1].strip() if exc else "") or "bad request"
+        _log_main.info("bad_http_request", status=status, reason=reason[:200])
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        err: SwitchyardError
+        if status < 500:
+            err = InvalidRequestError(
+                f"The HTTP request could not be parsed: {reason[:200]}", code="bad_request"
+            )
+        else:
+            err = SwitchyardError("Internal error in the gateway.")
+        resp = web.Response(status=status, body=err.to_json(), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return _Server(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            **plain._kwargs,
+        )
+
+
+async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> None:
+    """Stop accepting; wait for the requests in flight up to the deadline; cancel the rest
+    (each still answers: an error JSON, or an error event that ends its stream)."""
+    deadline_s = app[SETTINGS].drain_timeout_s
+    in_flight = app[IN_FLIGHT]
+    app[DRAINING].set()
+    _log_main.info("draining", pid=os.getpid(), in_flight=len(in_flight), deadline_s=deadline_s)
+    await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones after their request
+    if in_flight:
+        await asyncio.wait(set(in_flight), timeout=deadline_s)
+    if in_flight:
+        _log_main.warning("drain_deadline_passed", cancelled=len(in_flight))
+        tasks = list(in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=2.0)
+
+
 async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM, then stop accepting and close."""
+    """Serve until SIGINT/SIGTERM; then stop accepting, let the requests and streams in
+    flight finish for up to ``drain_timeout_s``, cancel what is left, and close."""
     import signal
 
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = _Runner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        # _drain has waited already; what is left gets this much more before it is cut.
+        shutdown_timeout=1.0,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=1024)
     await site.start()
@@ -683,5 +956,7 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     )
     try:
         await stop.wait()
+        await _drain(app, runner, site)
     finally:
         await runner.cleanup()
+    _log_main.info("stopped", pid=os.getpid())

@@ -106,3 +106,46 @@ def _body_loc(body: Any, loc: tuple[int | str, ...], missing: bool) -> tuple[int
             out.append(part)
             node = node.get(part)
     return tuple(out)
+
+
+def _depth_over(body: Any, max_depth: int) -> bool:
+    """Whether ``body`` nests objects and arrays deeper than ``max_depth`` (iterative: a deep
+    body must not cost a deep Python stack)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return False
+
+
+def check_limits(body: dict[str, Any], *, max_depth: int, max_messages: int, max_content_parts: int) -> None:
+    """The size limits a body must keep before it is validated or sent anywhere:
+    nesting depth, number of messages, content parts per message."""
+    if _depth_over(body, max_depth):
+        raise InvalidRequestError(
+            f"The request body nests objects and arrays deeper than {max_depth} levels.",
+            code="json_too_deep",
+        )
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > max_messages:
+            raise InvalidRequestError(
+                f"Invalid 'messages': array too long. Expected an array with at most {max_messages} "
+                f"elements, but got {len(messages)}.",
+                param="messages",
+                code="array_above_max_length",
+            )
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and len(content) > max_content_parts:
+                raise InvalidRequestError(
+                    f"Invalid 'messages[{i}].content': array too long. Expected at most "
+                    f"{max_content_parts} content parts, but got {len(content)}.",
+                    param=f"messages[{i}].content",
+                    code="array_above_max_length",
+                )

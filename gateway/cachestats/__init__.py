@@ -6,7 +6,9 @@ shaped prompt's checkpoint chain looked up in Redis: :mod:`gateway.cachestats.pr
 Counters go through :class:`~gateway.store.writer.StatsWriter` (summed in process,
 written in one pipeline, dropped and counted when Redis is slow); the expectations of
 all the requests of a 100 ms interval are looked up together, in one round trip, off the
-request path. Each template also keeps its last requests' segment
+request path. The request's cost (:mod:`gateway.cachestats.cost`) is counted with them,
+and per day in ``sy:cost:<YYYY-MM-DD>`` (kept 90 days) for ``/admin/costs``. Each
+template also keeps its last requests' segment
 signatures, so a template that misses the cache can be told which segment breaks it.
 """
 
@@ -38,12 +40,23 @@ METRICS = (
     "cached_tokens",
     "expected_cached_tokens",
     "shaped_requests",
+    "cost_nano_usd",
 )
 NO_KEY = "-"
+COST_RETENTION_DAYS = 90
+_DAY_METRICS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nano_usd")
 
 
 def _bucket(minute: int) -> str:
     return f"sy:cs:{minute}"
+
+
+def _day_key(day: str) -> str:
+    return f"sy:cost:{day}"
+
+
+def _day(ts: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
 def _signatures_key(template: str) -> str:
@@ -79,13 +92,19 @@ class Accounting:
         hincr(key, prefix + "requests", 1, ttl)
         if ctx.status >= 400 or ctx.error_code:
             hincr(key, prefix + "errors", 1, ttl)
+        day_key = _day_key(_day(time.time()))
+        day_prefix = f"{ctx.key_id or NO_KEY}|{ctx.deployment}|"
+        day_ttl = COST_RETENTION_DAYS * 86400
+        hincr(day_key, day_prefix + "requests", 1, day_ttl)
         for name, value in (
             ("prompt_tokens", ctx.usage_int("prompt_tokens")),
             ("completion_tokens", ctx.usage_int("completion_tokens")),
             ("cached_tokens", ctx.cached_tokens),
+            ("cost_nano_usd", ctx.cost_nano_usd),
         ):
             if value:
                 hincr(key, prefix + name, value, ttl)
+                hincr(day_key, day_prefix + name, value, day_ttl)
         shape = ctx.shape
         if shape is None:
             return
@@ -202,6 +221,37 @@ class Accounting:
             },
         }
 
+    async def costs(self, days: int) -> dict[str, Any]:
+        """Requests, tokens and USD per UTC day (newest first), each split by key and by deployment."""
+        now = time.time()
+        names = [_day(now - i * 86400) for i in range(days)]
+        pipe = self._redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(_day_key(name))
+        out = []
+        for name, reply in zip(names, await pipe.execute(), strict=True):
+            total: dict[str, int] = dict.fromkeys(_DAY_METRICS, 0)
+            by_key: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_DAY_METRICS, 0))
+            by_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_DAY_METRICS, 0))
+            for raw_field, raw_value in reply.items():
+                field = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                key, deployment, metric = field.rsplit("|", 2)
+                if metric not in total:
+                    continue
+                value = int(raw_value)
+                total[metric] += value
+                by_key[key][metric] += value
+                by_deployment[deployment][metric] += value
+            out.append(
+                {
+                    "day": name,
+                    **_usd(total),
+                    "keys": {k: _usd(v) for k, v in sorted(by_key.items())},
+                    "deployments": {d: _usd(v) for d, v in sorted(by_deployment.items())},
+                }
+            )
+        return {"object": "list", "days": out}
+
     async def _divergence(self, template: str) -> dict[str, Any] | None:
         raw = await self._redis.lrange(_signatures_key(template), 0, SIGNATURES_KEPT - 1)
         return first_divergence([orjson.loads(r) for r in raw])
@@ -228,10 +278,16 @@ def _saving(policy: Policy, deployment: str, cached_tokens: int) -> float:
     return cached_tokens * (price.input - cached_price) / 1e6
 
 
+def _usd(counts: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v for k, v in counts.items() if k != "cost_nano_usd"}
+    out["cost_usd"] = round(counts["cost_nano_usd"] / 1e9, 9)
+    return out
+
+
 def _rates(counts: dict[str, int]) -> dict[str, Any]:
     prompt = counts["prompt_tokens"]
     return {
-        **counts,
+        **_usd(counts),
         "hit_rate": round(counts["cached_tokens"] / prompt, 4) if prompt else 0.0,
         "expected_hit_rate": round(counts["expected_cached_tokens"] / prompt, 4) if prompt else 0.0,
     }

@@ -412,8 +412,10 @@ def _status_error(name: str, status: int, body: bytes, headers: Mapping[str, str
             code=relayed.code or "rate_limit_exceeded",
         )
     if status in (401, 403):
+        # The upstream's own text is left out: providers echo part of the key they were sent.
         return UpstreamError(
-            f"deployment '{name}' rejected the gateway's credentials (HTTP {status}): {detail}",
+            f"deployment '{name}' rejected the gateway's credentials (HTTP {status}); "
+            "check the key its api_key_env names",
             code="upstream_auth_failed",
         )
     if status == 404:

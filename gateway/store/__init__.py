@@ -40,8 +40,16 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
     options.setdefault("health_check_interval", 15)
     if is_cluster_url(url):
         return _connect_cluster(url, **options)
-    client: aioredis.Redis = aioredis.from_url(url, **options)
-    return client
+    # A bounded pool that waits (up to a second) for a free connection: the default pool
+    # raises MaxConnectionsError past 100 concurrent commands, which a burst of requests
+    # (each checking its rate limit) reaches at once.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=options.pop("max_connections", 256),
+        timeout=options.pop("pool_timeout_s", 1.0),
+        **options,
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 def _connect_cluster(url: str, **options: Any) -> aioredis.Redis:

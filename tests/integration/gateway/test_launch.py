@@ -84,16 +84,16 @@ def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(
     assert argv[argv.index("--served-model-name") + 1] == "llama-8b"
     assert "--enable-prompt-tokens-details" in argv and "--enable-prefix-caching" in argv
 
-    def processes() -> list[dict[str, Any]]:
+    def processes_now() -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local-8b"][
             "processes"
         ]
         return found
 
-    # The supervisor polls /health on its own clock, apart from the router's checks that made
-    # /readyz healthy: on a loaded machine it may be one poll behind.
-    wait_for(lambda: [p["state"] for p in processes()] == ["ready", "ready"], timeout_s=5)
-    assert [p["pid"] for p in processes()] == [r["pid"] for r in launches]
+    # The gateway's health checks may see both replicas before the supervisor's own poll does.
+    wait_for(lambda: [p["state"] for p in processes_now()] == ["ready", "ready"], timeout_s=10)
+    processes = processes_now()
+    assert [p["pid"] for p in processes] == [r["pid"] for r in launches]
     assert gw.stop() == 0
     assert not any(alive(r["pid"]) for r in launches)  # drained and gone with the gateway
     lines = [json.loads(line) for line in gw.log_path.read_text().splitlines() if line.startswith("{")]

@@ -164,3 +164,34 @@ def test_the_gateway_counts_into_a_redis_cluster(cluster: list[int], tmp_path: P
         assert stats["stats_writes"]["dropped"] == 0
     finally:
         gw.stop()
+
+
+def test_keys_rate_limits_and_spend_work_on_a_cluster(cluster: list[int]) -> None:
+    """The limiter's Lua script and the charge in the stats pipeline need the key's three
+    Redis keys in one slot: their hash tag puts them there."""
+    from gateway.auth.keys import KeyStore
+    from gateway.auth.limits import Limiter
+    from gateway.errors import RateLimitError
+
+    async def main() -> tuple[int, float, int]:
+        client = connect(f"redis+cluster://127.0.0.1:{cluster[0]}")
+        writer = StatsWriter(client)
+        store, limiter = KeyStore(client), Limiter(client, writer)
+        secret, _ = await store.create("clustered", rpm=3, tpm=1000)
+        key = await KeyStore(client).verify(secret)
+        admitted = 0
+        for _ in range(5):
+            try:
+                await limiter.admit(key)
+                admitted += 1
+            except RateLimitError:
+                pass
+        limiter.charge(key, 50, 123_000_000)
+        await writer.flush()
+        spend = (await limiter.spend_usd([key.key_id]))[key.key_id]
+        errors = limiter.errors + writer.dropped
+        await client.aclose()
+        return admitted, spend, errors
+
+    admitted, spend, errors = asyncio.run(main())
+    assert admitted == 3 and spend == 0.123 and errors == 0

@@ -1,0 +1,1 @@
+"""Who may call the gateway: virtual keys, their rate limits and budgets."""

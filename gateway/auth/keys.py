@@ -1,0 +1,323 @@
+"""Virtual keys: created once, stored in Redis only as a salted hash, verified in constant time.
+
+A key reads ``sk-sy-<key id>_<secret>``. The key id (12 hex digits) names the Redis hash
+``sy:key:{<key id>}`` holding the key's name, salt, ``sha256(salt + secret)`` and limits;
+the secret (32 random bytes) is shown once, at creation, and never stored. A plain salted
+SHA-256 is enough here: the secret is random with 256 bits of entropy, so there is no
+dictionary to slow down (the same reasoning as GitHub's and Stripe's tokens).
+
+Verification looks the id up, hashes the given secret and compares with
+:func:`hmac.compare_digest`. Verified keys are kept in process for ``cache_s`` seconds, so
+a request costs one dictionary lookup. A revocation is also written to a sorted set that
+every replica polls once a second (:meth:`KeyStore.watch_revocations`), so a revoked key
+stops working everywhere within about a second (at once on the replica that revoked it;
+within ``cache_s`` at worst, when Redis cannot be read). When Redis does not answer,
+a key verified in the last ``stale_s`` seconds keeps working: a Redis outage must not
+lock every client out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.errors import AuthenticationError, InvalidRequestError, UpstreamUnavailableError
+
+PREFIX = "sk-sy-"
+INDEX = "sy:keys"
+REVOKED = "sy:keys:revoked"
+"""A sorted set: key id -> when it was revoked; every replica polls it to drop its cache."""
+_ID_HEX = 12
+
+
+def record_key(key_id: str) -> str:
+    """The Redis hash of one key (hash-tagged: the limiter's keys share its slot)."""
+    return f"sy:key:{{{key_id}}}"
+
+
+def _hash(salt: bytes, secret: str) -> str:
+    return hashlib.sha256(salt + secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What the gateway knows about one virtual key (never its secret)."""
+
+    key_id: str
+    name: str
+    rpm: int = 0
+    """Requests per minute; 0 is unlimited."""
+    tpm: int = 0
+    """Tokens (prompt + completion) per minute; 0 is unlimited."""
+    budget_usd: float = 0.0
+    """Spend after which requests are refused; 0 is no budget."""
+    models: frozenset[str] = frozenset()
+    """Model names the key may ask for (a tier, alias or deployment); empty is any."""
+    created_at: float = 0.0
+    revoked_at: float = 0.0
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.rpm or self.tpm or self.budget_usd)
+
+    def allows(self, *names: str | None) -> bool:
+        """Whether any of ``names`` (the requested model, its tier) is one the key may use."""
+        return not self.models or any(n in self.models for n in names if n)
+
+    def public(self) -> dict[str, Any]:
+        """The key as the admin API and ``keys list`` show it: no secret, no hash."""
+        return {
+            "id": self.key_id,
+            "name": self.name,
+            "rpm": self.rpm or None,
+            "tpm": self.tpm or None,
+            "budget_usd": self.budget_usd or None,
+            "models": sorted(self.models) or None,
+            "created_at": self.created_at,
+            "revoked": bool(self.revoked_at),
+            "revoked_at": self.revoked_at or None,
+        }
+
+
+def _decode(raw: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in raw.items()
+    }
+
+
+def _record(key_id: str, fields: dict[str, str]) -> KeyRecord:
+    models = fields.get("models", "")
+    return KeyRecord(
+        key_id=key_id,
+        name=fields.get("name", ""),
+        rpm=int(fields.get("rpm") or 0),
+        tpm=int(fields.get("tpm") or 0),
+        budget_usd=float(fields.get("budget_usd") or 0),
+        models=frozenset(m for m in models.split(",") if m),
+        created_at=float(fields.get("created_at") or 0),
+        revoked_at=float(fields.get("revoked_at") or 0),
+    )
+
+
+def split_token(token: str) -> tuple[str, str] | None:
+    """``(key id, secret)`` of a well-formed key, else None."""
+    if not token.startswith(PREFIX):
+        return None
+    key_id, sep, secret = token[len(PREFIX) :].partition("_")
+    if not sep or len(key_id) != _ID_HEX or not secret or len(secret) > 128:
+        return None
+    try:
+        int(key_id, 16)
+    except ValueError:
+        return None
+    return key_id, secret
+
+
+def _limit(value: Any, name: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequestError(f"'{name}' must be a whole number >= 0.", param=name, code="invalid_value")
+    return value
+
+
+def validate_new_key(
+    name: Any, rpm: Any = None, tpm: Any = None, budget_usd: Any = None, models: Any = None
+) -> tuple[str, int, int, float, list[str]]:
+    """Check the fields of a key to create; :class:`InvalidRequestError` names a bad one."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 128:
+        raise InvalidRequestError("'name' must be a string of 1 to 128 characters.", param="name")
+    budget = 0.0
+    if budget_usd is not None:
+        if isinstance(budget_usd, bool) or not isinstance(budget_usd, int | float) or budget_usd < 0:
+            raise InvalidRequestError("'budget_usd' must be a number >= 0.", param="budget_usd")
+        budget = float(budget_usd)
+    names: list[str] = []
+    if models is not None:
+        if not isinstance(models, list) or not all(isinstance(m, str) and m and "," not in m for m in models):
+            raise InvalidRequestError("'models' must be a list of model names.", param="models")
+        names = models
+    return name, _limit(rpm, "rpm"), _limit(tpm, "tpm"), budget, names
+
+
+class KeyStore:
+    """Create, list, revoke and verify virtual keys in Redis."""
+
+    def __init__(self, redis: Redis, *, cache_s: float = 10.0, stale_s: float = 600.0) -> None:
+        self._redis = redis
+        self._cache_s = cache_s
+        self._stale_s = stale_s
+        # token -> (verified at, record or None for "not a key"); bounded below.
+        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+        self._max_cached = 10_000
+        # One Redis lookup per token at a time: a burst of a new key's requests shares it.
+        self._lookups: dict[str, asyncio.Future[dict[str, str]]] = {}
+        self.redis_errors = 0
+
+    async def create(
+        self,
+        name: str,
+        *,
+        rpm: int = 0,
+        tpm: int = 0,
+        budget_usd: float = 0.0,
+        models: Iterable[str] = (),
+    ) -> tuple[str, KeyRecord]:
+        """A new key: ``(the secret key, shown only now; its record)``."""
+        key_id = secrets.token_hex(_ID_HEX // 2)
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_bytes(16)
+        record = KeyRecord(
+            key_id=key_id,
+            name=name,
+            rpm=rpm,
+            tpm=tpm,
+            budget_usd=budget_usd,
+            models=frozenset(models),
+            created_at=time.time(),
+        )
+        fields: dict[str, str | int] = {
+            "name": name,
+            "salt": salt.hex(),
+            "hash": _hash(salt, secret),
+            "rpm": rpm,
+            "tpm": tpm,
+            "budget_usd": repr(budget_usd),
+            "models": ",".join(sorted(record.models)),
+            "created_at": repr(record.created_at),
+            "revoked_at": 0,
+        }
+        await self._redis.hset(record_key(key_id), mapping=fields)  # type: ignore[arg-type]
+        await self._redis.sadd(INDEX, key_id)
+        return f"{PREFIX}{key_id}_{secret}", record
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        fields = _decode(await self._redis.hgetall(record_key(key_id)))
+        return _record(key_id, fields) if fields else None
+
+    async def list(self) -> list[KeyRecord]:
+        """Every key, newest first."""
+        ids = sorted(
+            (i.decode() if isinstance(i, bytes) else str(i)) for i in await self._redis.smembers(INDEX)
+        )
+        pipe = self._redis.pipeline(transaction=False)
+        for key_id in ids:
+            pipe.hgetall(record_key(key_id))
+        out = [_record(i, _decode(raw)) for i, raw in zip(ids, await pipe.execute(), strict=True) if raw]
+        return sorted(out, key=lambda r: -r.created_at)
+
+    async def revoke(self, key_id: str) -> KeyRecord | None:
+        """Mark a key revoked (kept for the spend history); None when there is no such key."""
+        if not await self._redis.exists(record_key(key_id)):
+            return None
+        now = time.time()
+        await self._redis.hset(record_key(key_id), "revoked_at", repr(now))
+        await self._redis.zadd(REVOKED, {key_id: now})
+        self.forget(key_id)
+        return await self.get(key_id)
+
+    def forget(self, key_id: str) -> None:
+        """Drop this key's cached verifications."""
+        prefix = f"{PREFIX}{key_id}_"
+        self._cache = {t: entry for t, entry in self._cache.items() if not t.startswith(prefix)}
+
+    async def watch_revocations(self, interval_s: float = 1.0) -> None:
+        """Poll the revocations made by any replica and forget those keys. Runs until cancelled;
+        a Redis that does not answer is tried again next time."""
+        seen_until = time.time()
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                async with asyncio.timeout(1.0):
+                    # Look back a few seconds: the replicas' clocks differ a little.
+                    found: list[Any] = await self._redis.zrangebyscore(
+                        REVOKED, seen_until - 5.0, "+inf", withscores=True
+                    )
+            except (RedisError, OSError, TimeoutError):
+                continue
+            for raw, score in found:
+                self.forget(raw.decode() if isinstance(raw, bytes) else str(raw))
+                seen_until = max(seen_until, float(score))
+
+    async def verify(self, token: str) -> KeyRecord:
+        """The record of a valid, unrevoked key; :class:`AuthenticationError` otherwise."""
+        now = time.monotonic()
+        cached = self._cache.get(token)
+        if cached is not None and now - cached[0] < self._cache_s:
+            return _accepted(cached[1])
+        parts = split_token(token)
+        if parts is None:
+            raise _invalid()
+        try:
+            fields = await self._lookup(token, parts[0])
+        except (RedisError, OSError, TimeoutError):
+            self.redis_errors += 1
+            if cached is not None and now - cached[0] < self._stale_s:
+                return _accepted(cached[1])
+            raise UpstreamUnavailableError(
+                "Keys cannot be checked: the gateway's Redis does not answer.", code="auth_unavailable"
+            ) from None
+        record = None
+        if fields and "salt" in fields:
+            expected = fields.get("hash", "")
+            given = _hash(bytes.fromhex(fields["salt"]), parts[1])
+            if hmac.compare_digest(given.encode(), expected.encode()):
+                record = _record(parts[0], fields)
+        if len(self._cache) >= self._max_cached:
+            self._cache.clear()
+        self._cache[token] = (now, record)
+        return _accepted(record)
+
+    async def _lookup(self, token: str, key_id: str) -> dict[str, str]:
+        pending = self._lookups.get(token)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+        self._lookups[token] = future
+        try:
+            async with asyncio.timeout(1.0):
+                fields = _decode(await self._redis.hgetall(record_key(key_id)))
+        except BaseException as exc:
+            future.set_exception(exc if isinstance(exc, Exception) else RedisError("lookup cancelled"))
+            future.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        else:
+            future.set_result(fields)
+            return fields
+        finally:
+            del self._lookups[token]
+
+
+def _invalid() -> AuthenticationError:
+    return AuthenticationError(
+        "Incorrect API key provided. Create a key with `switchyard keys create` or POST /admin/keys."
+    )
+
+
+def _accepted(record: KeyRecord | None) -> KeyRecord:
+    if record is None:
+        raise _invalid()
+    if record.revoked_at:
+        raise AuthenticationError("This API key has been revoked.", code="invalid_api_key")
+    return record
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    return token or None
