@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -180,3 +181,22 @@ tiers:
   strong: [sim-strong]
 {extra}
 """
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports free right now on 127.0.0.1 (replicas
+    take ``port``, ``port + 1`` ...: a single free port says nothing of the next one)."""
+    while True:
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return first

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.procutil import free_port
 from tests.fixtures.fakevllm import FakeVllm
-from tests.helpers import GatewayProcess, http_json
+from tests.helpers import GatewayProcess, free_ports, http_json
 
 
 def launch_policy(port: int, extra: str = "") -> str:
@@ -64,7 +64,7 @@ def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(
 ) -> None:
     fake = FakeVllm(tmp_path)
     fake.control({"start_delay_s": 2.0})
-    port = free_port()
+    port = free_ports(2)
     gw = make_gateway(launch_policy(port), env=fake.env)
     with openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client:
         # Loading: the deployment is known but not ready, and says so.
@@ -105,7 +105,7 @@ def test_gateway_launches_vllm_routes_once_healthy_and_drains_on_stop(
 
 def test_gateway_restarts_a_launched_replica_that_dies(tmp_path: Path, make_gateway: Any) -> None:
     fake = FakeVllm(tmp_path)
-    port = free_port()
+    port = free_ports(2)
     fake.control({"ports": {str(port + 1): {"crash_after_s": 0.5, "crash_launches": 1}}})
     gw = make_gateway(launch_policy(port), env=fake.env)
 
@@ -136,7 +136,7 @@ def test_a_launch_this_machine_cannot_satisfy_stops_the_gateway_with_the_reason(
 
 def test_workers_share_one_set_of_launched_replicas(tmp_path: Path, make_gateway: Any) -> None:
     fake = FakeVllm(tmp_path)
-    port = free_port()
+    port = free_ports(2)
     gw = make_gateway(launch_policy(port), env=fake.env, args=["--workers", "2"])
     wait_for(lambda: replicas_state(gw)["healthy"] == 2)
     assert len(fake.launches()) == 2  # started by the parent once, not per worker

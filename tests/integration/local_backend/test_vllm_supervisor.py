@@ -22,7 +22,7 @@ import structlog
 from gateway.procutil import free_port
 from local_backend.vllm_backend import ReplicaState, Supervisor, VllmLaunch, plan_replicas
 from tests.fixtures.fakevllm import FakeVllm
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_ports
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def launch(**knobs: Any) -> VllmLaunch:
     defaults: dict[str, Any] = {
         "model": "org/tiny-model",
         "served_model_name": "tiny",
-        "port": free_port(),
+        "port": free_ports(2),
         "health_interval_s": 0.2,
         "restart_backoff_s": 0.2,
         "startup_timeout_s": 30,
