@@ -217,10 +217,12 @@ def test_no_secret_in_logs_admin_answers_errors_or_headers(guarded: tuple[Gatewa
         "/admin/costs",
         "/admin/dispatch",
         "/admin/replicas",
+        "/admin/dashboard?since=5m",
+        "/dashboard",
     ):
         assert call("GET", path, key=ADMIN_KEY) == 200, path
     call("GET", "/readyz")
-    call("GET", "/metrics")
+    assert call("GET", "/metrics") == 200
     gw.wait_log(lambda line: line.get("event") == "request" and line.get("status") == 401)
     gw.stop()
     everything = "\n".join([*seen, gw.log_path.read_text()])
