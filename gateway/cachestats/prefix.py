@@ -71,16 +71,21 @@ class LocalPrefixes:
 async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]]) -> list[int]:
     """Expected cached tokens for each ``(deployment, chain, ttl_s)``, from the checkpoints any
     replica recorded, in one round trip; records the chains. Within the batch, a chain also
-    sees the ones before it (as if they had been looked up one after the other)."""
+    sees the ones before it (as if they had been looked up one after the other); identical
+    chains (a busy template) are looked up once."""
     pipe = redis.pipeline(transaction=False)
-    keyed = []
-    for deployment, chain, _ in batch:
+    looked_up: dict[tuple[str, tuple[int, ...]], int] = {}
+    keyed: list[list[str]] = []
+    ttls: dict[str, int] = {}
+    for deployment, chain, ttl_s in batch:
+        name = (deployment, tuple(chain))
+        if name in looked_up:
+            continue
+        looked_up[name] = len(keyed)
         # One hash tag per deployment: on Redis Cluster all of its keys share a slot (MGET works).
         keys = [f"{KEY_PREFIX}{{{deployment}}}:{crc:08x}" for crc in chain]
         keyed.append(keys)
         pipe.mget(keys)
-    ttls: dict[str, int] = {}
-    for keys, (_, _, ttl_s) in zip(keyed, batch, strict=True):
         ms = max(1, int(ttl_s * 1000))
         for key in keys:
             ttls[key] = max(ms, ttls.get(key, 0))
@@ -89,9 +94,11 @@ async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]])
     replies = await pipe.execute()
     earlier: set[str] = set()
     out = []
-    for keys, present in zip(keyed, replies, strict=False):
+    for deployment, chain, _ in batch:
+        index = looked_up[deployment, tuple(chain)]
+        keys = keyed[index]
         hits = 0
-        for key, value in zip(keys, present, strict=True):
+        for key, value in zip(keys, replies[index], strict=True):
             if value is None and key not in earlier:
                 break
             hits += 1
