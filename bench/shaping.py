@@ -275,8 +275,12 @@ async def _replay(url: str, sessions: list[list[dict[str, Any]]], concurrency: i
 
 
 def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="switchyard-bench-shaping-") as tmp:
+        return _run_matrix(args, Path(tmp))
+
+
+def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     table: dict[str, Any] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="switchyard-bench-shaping-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_") and k != "REDIS_URL"}
     for cache_model in ("vllm", "openai"):
         sim_port = free_port()

@@ -648,33 +648,29 @@ def _since_s(request: web.Request) -> int:
     return max(60, min(int(value), cachestats.RETENTION_S))
 
 
-async def admin_stats(request: web.Request) -> web.Response:
+async def _redis_report(request: web.Request, report: Any) -> web.Response:
+    """An admin report read from Redis over ``?since=``; 503 when Redis does not answer."""
     require_admin(request)
     since = _since_s(request)
     policy = request.app[POLICY].current.policy
     try:
         async with asyncio.timeout(3.0):
-            body = await request.app[ACCOUNTING].report(policy, since)
+            body = await report(policy, since)
     except (RedisError, OSError, TimeoutError) as exc:
         raise UpstreamUnavailableError(
             f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
         ) from None
     return json_response(body)
+
+
+async def admin_stats(request: web.Request) -> web.Response:
+    """The cache-hit report per deployment, key and template."""
+    return await _redis_report(request, request.app[ACCOUNTING].report)
 
 
 async def admin_dashboard(request: web.Request) -> web.Response:
     """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key."""
-    require_admin(request)
-    since = _since_s(request)
-    policy = request.app[POLICY].current.policy
-    try:
-        async with asyncio.timeout(3.0):
-            body = await request.app[DASHBOARD].report(policy, since)
-    except (RedisError, OSError, TimeoutError) as exc:
-        raise UpstreamUnavailableError(
-            f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
-        ) from None
-    return json_response(body)
+    return await _redis_report(request, request.app[DASHBOARD].report)
 
 
 async def dashboard_page(request: web.Request) -> web.Response:
