@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.procutil import free_port, wait_http_ok
+from gateway.procutil import free_port, serving
 
 BODY = {
     "model": "fast",
@@ -40,23 +39,12 @@ BODY = {
 
 
 @contextmanager
-def process(cmd: list[str], health: str, env: dict[str, str] | None = None) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        wait_http_ok(health, 30, proc)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@contextmanager
 def sim(name: str, *faults: str) -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "local_backend.sim", "--port", str(port), "--model", f"{name}:30:2"]
     for fault in faults:
         cmd += ["--fault", fault]
-    with process(cmd, f"http://127.0.0.1:{port}/health"):
+    with serving(cmd, f"http://127.0.0.1:{port}/health", stop_timeout_s=10):
         yield f"http://127.0.0.1:{port}/v1"
 
 
@@ -67,7 +55,7 @@ def gateway(policy: str, workdir: Path) -> Iterator[str]:
     path.write_text(policy)
     env = {**os.environ, "SWITCHYARD_LOG_LEVEL": "warning"}
     cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--policy", str(path)]
-    with process(cmd, f"http://127.0.0.1:{port}/healthz", env):
+    with serving(cmd, f"http://127.0.0.1:{port}/healthz", env=env, stop_timeout_s=10):
         yield f"http://127.0.0.1:{port}/v1/chat/completions"
 
 

@@ -40,12 +40,9 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +51,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.procutil import free_port, wait_http_ok
+from gateway.procutil import free_port, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = [
@@ -216,18 +213,6 @@ tiers:
 """
 
 
-@contextmanager
-def _process(cmd: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        try:
-            wait_http_ok(health, 30, proc)
-            yield
-        finally:
-            proc.terminate()
-            proc.wait(20)
-
-
 async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, int, float]:
     """(prompt_tokens, cached_tokens, ttft_s) of one streamed request."""
     payload = {
@@ -295,7 +280,7 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         ]
         sim_cmd += ["--cache-model", cache_model, "--prefill-ms-per-1k", str(args.prefill_ms_per_1k)]
         sim_url = f"http://127.0.0.1:{sim_port}"
-        with _process(sim_cmd, sim_url + "/health", tmp / f"sim-{cache_model}.log"):
+        with serving(sim_cmd, sim_url + "/health", log=tmp / f"sim-{cache_model}.log", cwd=ROOT):
             for config in CONFIGS:
                 policy = tmp / f"policy-{config}.yaml"
                 policy.write_text(_policy(sim_url, config))
@@ -310,10 +295,8 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "--policy",
                     str(policy),
                 ]
-                with ExitStack() as stack:
-                    stack.enter_context(
-                        _process(gw_cmd, f"http://127.0.0.1:{port}/healthz", tmp / f"gw-{config}.log", env)
-                    )
+                gw_log = tmp / f"gw-{config}.log"
+                with serving(gw_cmd, f"http://127.0.0.1:{port}/healthz", log=gw_log, env=env, cwd=ROOT):
                     for name, make in WORKLOADS.items():
                         _post(sim_url + "/sim/reset")
                         row = asyncio.run(

@@ -36,14 +36,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from gateway.procutil import free_port, wait_http_ok
+from gateway.procutil import free_port, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 WRK = ROOT / "bench" / "wrk"
@@ -138,21 +137,6 @@ class Redis:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
             self.proc = None
-
-
-@contextmanager
-def child(cmd: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        try:
-            wait_http_ok(health, 30, proc)
-            yield proc.pid
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def http(method: str, url: str, body: Any = None, key: str | None = None) -> Any:
@@ -409,7 +393,9 @@ def main() -> int:
         ]
         # slow: about 8 s a stream, so all of them are open at once on a small machine.
         sim_cmd += ["--model", "sim-fast:5:1", "--model", "slow:200:400", "--output-tokens", "16:24"]
-        stack.enter_context(child(sim_cmd, f"http://127.0.0.1:{sim_port}/health", work / "sim.log"))
+        stack.enter_context(
+            serving(sim_cmd, f"http://127.0.0.1:{sim_port}/health", log=work / "sim.log", cwd=ROOT)
+        )
         base = f"http://127.0.0.1:{sim_port}/v1"
         policy = work / "policy.yaml"
         policy.write_text(
@@ -430,7 +416,9 @@ def main() -> int:
         gw_cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(gw_port), "--policy", str(policy)]
         gw_cmd += ["--redis-url", redis.url]
         gw = f"http://127.0.0.1:{gw_port}"
-        pid = stack.enter_context(child(gw_cmd, gw + "/healthz", gw_log, env))
+        pid = stack.enter_context(
+            serving(gw_cmd, gw + "/healthz", log=gw_log, env=env, cwd=ROOT, stop_timeout_s=40)
+        ).pid
         ports = {redis.port: "redis", sim_port: "simulator", gw_port: "gateway"}
         key = http("POST", gw + "/admin/keys", {"name": "soak", "rpm": 10**8, "tpm": 10**11}, key=ADMIN_KEY)[
             "key"

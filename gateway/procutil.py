@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import signal
 import socket
@@ -10,7 +11,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -72,3 +74,31 @@ def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | Non
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} did not answer within {timeout_s} s")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serving(
+    cmd: list[str],
+    health_url: str,
+    *,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    stop_timeout_s: float = 20.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server as a child for the ``with`` block: started, waited for until
+    ``health_url`` answers, then SIGTERM (SIGKILL after ``stop_timeout_s``). Its output goes
+    to ``log``, or nowhere."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(log, "wb")) if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        try:
+            wait_http_ok(health_url, 30, proc)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
