@@ -156,7 +156,7 @@ class Shaper:
             or not isinstance(head.get("content"), (str, list))
         ):
             head = None
-            result.template = template or (_short(tool_names.encode()) if tool_names else "-")
+            result.template = template or (line_hash(tool_names) if tool_names else "-")
         if not policy.enabled:
             # Nothing changes; the template and its segments are still read, for the cache report.
             if head is not None:
@@ -204,32 +204,28 @@ class Shaper:
         policy = self.policy
         content: str | list[Any] = head["content"]
         rag_block = ""
+        detect = self.detectors.line
         units: list[Any]
+        joined = isinstance(content, str)
         if isinstance(content, str):
             text = content
             if policy.rag.enabled:
                 text, rag_block = _cut_rag(text, policy.rag.markers)
-            units = text.split("\n")
+            units = lines = text.split("\n")
             texts: list[str | None] = list(units)
+            detected = [detect(t) for t in units]
+            hashes = [d[2] for d in detected]
         else:
             units = content
             texts = _texts(content)
-        joined = isinstance(content, str)
-        detect = self.detectors.line
-        if joined:
-            detected = [detect(t) for t in units]
-        else:
+            lines = [t for t in texts if t is not None]
             detected = [detect(t) if t is not None else _NOT_TEXT for t in texts]
-        result.template = template or self._template(
-            units if joined else [t for t in texts if t is not None], tool_names
-        )
-        if joined:
-            hashes = [d[2] for d in detected]
-        else:
+            # A non-text part is counted by its JSON (another image is another part).
             hashes = [
                 h if t is not None else line_hash(orjson.dumps(u).decode())
                 for t, u, (_, _, h) in zip(texts, units, detected, strict=True)
             ]
+        result.template = template or self._template(lines, tool_names)
         # A line moves when a detector fires, or when the counts of its template say it
         # varies; blank lines and non-text parts carry nothing that varies: they stay.
         if stability is not None and policy.learn:
