@@ -22,8 +22,8 @@ import structlog
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from gateway._model import Issue
 from gateway.policy import Policy
+from gateway.validation import Issue
 
 _log = structlog.get_logger("switchyard.config")
 

@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
-from gateway._model import Issue, StrictModel
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
 from gateway.shaping.policy import ShapingPolicy
+from gateway.validation import Issue, StrictModel
 from local_backend.vllm_backend import VllmLaunch
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})

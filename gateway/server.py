@@ -28,7 +28,6 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway import cachestats
-from gateway._model import parse_duration
 from gateway.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -69,6 +68,7 @@ from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
+from gateway.validation import parse_duration
 
 _log = structlog.get_logger("switchyard.request")
 _log_main = structlog.get_logger("switchyard")

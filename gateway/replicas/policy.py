@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from gateway._model import Issue, Seconds, StrictModel
+from gateway.validation import Issue, Seconds, StrictModel
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gateway._model import Issue, StrictModel
 from gateway.routing.features import FEATURE_NAMES, RULE_FEATURES
+from gateway.validation import Issue, StrictModel
 
 Comparison = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in"]
 Choice = Literal["preference", "weighted", "least_outstanding"]
