@@ -324,14 +324,14 @@ def _post(url: str) -> None:
 
 
 def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
-    """Shaper + stability model + checkpoint chain for a 4,200-token prompt whose system
+    """PolicyShaper + stability model + checkpoint chain for a 4,200-token prompt whose system
     message has ``system_lines`` lines (the rest is conversation), per request: CPU time
     of the measuring thread, so other load on the machine does not count."""
     from redis.asyncio import Redis
 
     from gateway.cachestats.prefix import checkpoints
     from gateway.shaping.policy import ShapingPolicy
-    from gateway.shaping.shaper import Shaper
+    from gateway.shaping.shaper import PolicyShaper
     from gateway.shaping.stability import StabilityModel
     from gateway.store.writer import StatsWriter
 
@@ -350,7 +350,7 @@ def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
         "tools": _tools(random.Random(1))[:3],
     }
     raw = orjson.dumps(body)
-    shaper = Shaper(ShapingPolicy())
+    shaper = PolicyShaper(ShapingPolicy())
     stability = StabilityModel()
     writer = StatsWriter(Redis())  # never flushed: counters stay in memory
     times = []

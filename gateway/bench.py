@@ -26,7 +26,7 @@ import orjson
 import yaml
 from pydantic import Field, ValidationError
 
-from gateway._model import Seconds, StrictModel, format_loc
+from gateway.validation import Seconds, StrictModel, format_loc
 
 METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 RESULT_VERSION = 1

@@ -1,8 +1,10 @@
 """Settings from the environment, policy loading with located errors, and hot reload.
 
-A loaded policy becomes an immutable :class:`PolicySnapshot`. A request takes the
-current snapshot once, at its start, and keeps it to the end, so swapping in a
-reloaded policy never disturbs requests in flight.
+A loaded policy is compiled once into an immutable :class:`PolicySnapshot`: the raw
+config as validated (``policy``) beside the runtime objects built from it (the router,
+the prompt shaper, the resolved timeouts). A request takes the current snapshot once, at
+its start, and keeps it to the end, so swapping in a reloaded policy never disturbs
+requests in flight.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import structlog
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from gateway._model import Issue
+from gateway.dispatch.policy import Timeouts
 from gateway.policy import Policy
+from gateway.routing.resolve import Router
+from gateway.shaping.shaper import PolicyShaper
+from gateway.validation import Issue
 
 _log = structlog.get_logger("switchyard.config")
 
@@ -104,13 +109,43 @@ class PolicyError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PolicySnapshot:
-    """A validated policy as served: immutable, swapped whole on reload."""
+    """A validated policy compiled for serving: immutable, swapped whole on reload.
+
+    Constructing one compiles it: the router (its classifier built), the prompt shaper
+    (its detectors compiled) and the timeouts of every deployment in every tier are built
+    here, once per load, never per request. A new per-policy runtime object (say the
+    deployments' provider adapters) is one more ``init=False`` field set in
+    ``__post_init__``.
+    """
 
     policy: Policy
     source: str
     digest: str
     version: int
     loaded_at: float = field(default_factory=time.time)
+    router: Router = field(init=False, repr=False, compare=False)
+    """Routes a request body to a tier and its deployments (``router.resolve(...)``)."""
+    shaper: PolicyShaper = field(init=False, repr=False, compare=False)
+    """Shapes a chat body per ``policy.shaping``."""
+    _timeouts: dict[tuple[str, str | None], Timeouts] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        policy = self.policy
+        # frozen: the compiled fields are set once, here, and never again
+        object.__setattr__(self, "router", Router(policy))
+        object.__setattr__(self, "shaper", PolicyShaper(policy.shaping))
+        tiers: list[str | None] = [None, *policy.tiers]
+        object.__setattr__(
+            self,
+            "_timeouts",
+            {(name, tier): policy.timeouts_for(name, tier) for name in policy.deployments for tier in tiers},
+        )
+
+    def timeouts(self, deployment: str, tier: str | None = None) -> Timeouts:
+        """The resolved timeouts of an attempt on ``deployment`` for ``tier`` (see
+        :meth:`Policy.timeouts_for`), computed at load."""
+        found = self._timeouts.get((deployment, tier))
+        return found if found is not None else self.policy.timeouts_for(deployment, tier)
 
 
 def interpolate_env(text: str, env: Mapping[str, str]) -> str:

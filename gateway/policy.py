@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from gateway._model import Issue, StrictModel
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
 from gateway.shaping.policy import ShapingPolicy
+from gateway.validation import Issue, StrictModel
 from local_backend.vllm_backend import VllmLaunch
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})
@@ -122,19 +122,16 @@ class Policy(StrictModel):
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
     dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
     shaping: ShapingPolicy = Field(default_factory=ShapingPolicy)
-    _timeouts: dict[tuple[str, str | None], Timeouts] = PrivateAttr(default_factory=dict)
 
     def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:
         """The timeouts of an attempt on ``deployment`` for ``tier``: the deployment's own, the
-        tier's, the policy's, then the defaults."""
-        found = self._timeouts.get((deployment, tier))
-        if found is None:
-            base = self.dispatch.timeouts.over(DEFAULT_TIMEOUTS)
-            tier_timeouts = self.dispatch.tier_timeouts.get(tier) if tier else None
-            if tier_timeouts is not None:
-                base = tier_timeouts.over(base)
-            found = self._timeouts[deployment, tier] = self.deployments[deployment].timeouts.over(base)
-        return found
+        tier's, the policy's, then the defaults. Requests read them precomputed from the
+        policy's snapshot (``PolicySnapshot.timeouts``)."""
+        base = self.dispatch.timeouts.over(DEFAULT_TIMEOUTS)
+        tier_timeouts = self.dispatch.tier_timeouts.get(tier) if tier else None
+        if tier_timeouts is not None:
+            base = tier_timeouts.over(base)
+        return self.deployments[deployment].timeouts.over(base)
 
     def issues(self) -> list[Issue]:
         """Cross-reference problems the shape alone cannot catch, each with its path."""

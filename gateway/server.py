@@ -28,7 +28,6 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway import cachestats
-from gateway._model import parse_duration
 from gateway.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -60,8 +59,8 @@ from gateway.errors import (
 )
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
 from gateway.routing.escalation import escalation_reason
-from gateway.routing.resolve import Route, model_names, router_for, tier_route
-from gateway.shaping.service import Shaping, pop_gateway_metadata
+from gateway.routing.resolve import Route, model_names, tier_route
+from gateway.shaping.service import ShapingState, pop_gateway_metadata
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
@@ -69,6 +68,7 @@ from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
+from gateway.validation import parse_duration
 
 _log = structlog.get_logger("switchyard.request")
 _log_main = structlog.get_logger("switchyard")
@@ -80,7 +80,7 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)
 ACCOUNTING = web.AppKey("accounting", Accounting)
-SHAPING = web.AppKey("shaping", Shaping)
+SHAPING = web.AppKey("shaping", ShapingState)
 METRICS = web.AppKey("metrics", Metrics)
 DASHBOARD = web.AppKey("dashboard", DashboardStats)
 DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
@@ -386,9 +386,7 @@ def _prepare(
     dispatcher = request.app[DISPATCHER]
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
-        route = router_for(ctx.snapshot.policy).resolve(
-            body, hint, dispatcher.available, dispatcher.pool.in_flight
-        )
+        route = ctx.snapshot.router.resolve(body, hint, dispatcher.available, dispatcher.pool.in_flight)
         _set_route(ctx, route)
         if span is not None:
             span.set_attributes(
@@ -826,7 +824,7 @@ def create_app(
     pool = UpstreamPool()
     app[POOL] = pool
     app[DISPATCHER] = Dispatcher(pool)
-    app[SHAPING] = Shaping()
+    app[SHAPING] = ShapingState()
     app[METRICS] = Metrics()
     app[DASHBOARD_HTML] = DASHBOARD_PAGE.read_bytes()
     app[TRACING] = tracer if tracer is not None else tracing.Tracing.from_env()

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import Field, field_validator, model_validator
 
-from gateway._model import Seconds, StrictModel
+from gateway.validation import Seconds, StrictModel
 
 Quantization = Literal[
     "fp8",

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway._model import format_loc
 from gateway.errors import InvalidRequestError
+from gateway.validation import format_loc
 
 
 class _Wire(BaseModel):

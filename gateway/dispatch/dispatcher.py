@@ -266,7 +266,7 @@ class Dispatcher:
         if candidate.fallback and ctx.fallback_tier is None:
             ctx.fallback_tier = candidate.tier
             self.counters["fallbacks"] += 1
-        timeouts = tighten(ctx.snapshot.policy.timeouts_for(name, candidate.tier), ctx.timeout_override)
+        timeouts = tighten(ctx.snapshot.timeouts(name, candidate.tier), ctx.timeout_override)
         started = time.perf_counter()
         with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
             try:

@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway._model import format_loc, parse_duration
 from gateway.dispatch.policy import Timeouts
 from gateway.errors import InvalidRequestError, UpstreamTimeoutError
+from gateway.validation import format_loc, parse_duration
 
 ItemRunner = Callable[[int, dict[str, Any]], Awaitable[tuple[int, dict[str, str], bytes]]]
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gateway._model import Seconds, StrictModel
+from gateway.validation import Seconds, StrictModel
 
 RetryReason = Literal[
     "connect",

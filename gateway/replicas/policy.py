@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import Field, field_validator
 
-from gateway._model import Issue, Seconds, StrictModel
-
-if TYPE_CHECKING:
-    from gateway.policy import Deployment
+from gateway.validation import Issue, Seconds, StrictModel
+from local_backend.vllm_backend import VllmLaunch
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 
@@ -58,6 +56,22 @@ class ReplicaSetPolicy(StrictModel):
 DEFAULT_REPLICAS = ReplicaSetPolicy()
 
 
+class ReplicatedDeployment(Protocol):
+    """What the replica checks read of a deployment (``gateway.policy.Deployment`` has it all):
+    the policy module builds on this one, never the other way round."""
+
+    @property
+    def provider(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def launch(self) -> VllmLaunch | None: ...
+    @property
+    def replicas(self) -> ReplicaSetPolicy | None: ...
+
+
 def fill_replica_defaults(data: Any) -> Any:
     """Before a deployment is validated: derive what its launch or replica list implies.
 
@@ -101,7 +115,7 @@ def _first_launch_url(launch: Mapping[str, Any]) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-def replica_urls(deployment: Deployment) -> list[str]:
+def replica_urls(deployment: ReplicatedDeployment) -> list[str]:
     """The base URLs requests to ``deployment`` may go to."""
     if deployment.launch is not None:
         return deployment.launch.replica_urls()
@@ -110,7 +124,7 @@ def replica_urls(deployment: Deployment) -> list[str]:
     return [deployment.base_url]
 
 
-def check_replicas(deployment: Deployment) -> None:
+def check_replicas(deployment: ReplicatedDeployment) -> None:
     """Raise ``ValueError`` when a deployment's launch/replicas contradict its other settings."""
     if deployment.launch is None and deployment.replicas is None:
         return
@@ -141,7 +155,7 @@ def check_replicas(deployment: Deployment) -> None:
         )
 
 
-def launch_issues(deployments: Mapping[str, Deployment]) -> list[Issue]:
+def launch_issues(deployments: Mapping[str, ReplicatedDeployment]) -> list[Issue]:
     """Conflicts between launches: two replicas on one host and port, or GPUs whose memory
     share (``gpu_memory_utilization``, vLLM default 0.9) adds up to more than the whole GPU."""
     found: list[Issue] = []

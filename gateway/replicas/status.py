@@ -6,10 +6,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway._model import Issue
 from gateway.config import PolicyError, PolicySnapshot
 from gateway.replicas.upstream import ReplicaSetUpstream
 from gateway.upstream import UpstreamPool
+from gateway.validation import Issue
 from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
 
 SUPERVISOR = web.AppKey("vllm_supervisor", SupervisorThread)

@@ -13,9 +13,8 @@ import yaml
 
 from gateway.config import EMBEDDED_POLICY, PolicyError, load_policy
 from gateway.policy import Policy
-from gateway.routing.classifiers import Linear
+from gateway.routing.classifiers.linear import Linear, fit
 from gateway.routing.features import FEATURE_NAMES, Features, extract
-from gateway.routing.policy import ClassifierSpec
 from gateway.routing.resolve import Router, order_tier
 
 
@@ -73,13 +72,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     for name, value in features.as_dict().items():
         scaled = f"  (normalized {vector[name]:.3f})" if name in vector else ""
         print(f"  {name:16} {value!s:>10}{scaled}")
-    if isinstance(router.classifier, Linear):
-        print("classifier: linear")
-        print(f"  {'bias':16} {router.classifier.bias:+.3f}")
-        for name, part in sorted(
-            router.classifier.contributions(features).items(), key=lambda kv: -abs(kv[1])
-        ):
-            print(f"  {name:16} {part:+.3f}")
+    if router.classifier is not None and policy.routing.classifier is not None:
+        print(f"classifier: {policy.routing.classifier.name}")
+        for label, part in router.classifier.explain(features):
+            print(f"  {label:16} {part:+.3f}")
     route = router.resolve(body, args.hint)
     decision = router.decide(body, args.hint) if route.tier is not None and route.reason != "model" else None
     if decision is not None:
@@ -92,36 +88,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit(x: list[list[float]], y: list[int], l2: float) -> tuple[list[float], float]:
-    import numpy as np
-
-    X = np.hstack([np.ones((len(x), 1)), np.asarray(x)])
-    t = np.asarray(y, dtype=float)
-    w = np.zeros(X.shape[1])
-    penalty = np.full(X.shape[1], l2)
-    penalty[0] = 0.0  # the bias is not shrunk
-    for _ in range(50):  # Newton / IRLS: a few steps converge for a dozen features
-        p = 1.0 / (1.0 + np.exp(-np.clip(X @ w, -60, 60)))
-        grad = X.T @ (p - t) + penalty * w
-        hess = (X * (p * (1 - p))[:, None]).T @ X + np.diag(penalty) + 1e-9 * np.eye(X.shape[1])
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if float(np.abs(step).max()) < 1e-8:
-            break
-    return [float(v) for v in w[1:]], float(w[0])
-
-
 def _cmd_fit(args: argparse.Namespace) -> int:
     rows = _lines(args.labeled)
     y = _labels(rows, args.labeled)
     if len(set(y)) < 2:
         raise SystemExit("fit needs examples of both labels")
-    weights, bias = _fit(_matrix(rows), y, args.l2)
-    spec = ClassifierSpec(
-        name="linear",
-        weights={n: round(w, 4) for n, w in zip(FEATURE_NAMES, weights, strict=True)},
-        bias=round(bias, 4),
-    )
+    spec = fit(_matrix(rows), y, args.l2)
     clf = Linear(spec)
     hits = sum(
         (clf.strong_probability(extract(r)) >= 0.5) == bool(label) for r, label in zip(rows, y, strict=True)

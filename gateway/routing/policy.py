@@ -2,61 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from gateway._model import Issue, StrictModel
-from gateway.routing.features import FEATURE_NAMES, RULE_FEATURES
+from gateway.routing.classifiers import AnyClassifierSettings, ClassifierSettings
+from gateway.routing.rules import Rule
+from gateway.validation import Issue, StrictModel
 
-Comparison = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in"]
 Choice = Literal["preference", "weighted", "least_outstanding"]
 Check = Literal["invalid_json", "empty", "length"]
 CHECKS: tuple[Check, ...] = ("invalid_json", "empty", "length")
-
-
-class Rule(StrictModel):
-    """``when`` every condition holds, the request goes to ``tier``. A condition is a value
-    (equality) or a mapping of comparisons: ``{gt: 8000}``, ``{in: [fast, strong]}``."""
-
-    name: str | None = Field(None, description="Shown in x-switchyard-route; default: the conditions' keys.")
-    when: dict[str, Any] = Field(min_length=1)
-    tier: str
-
-    @field_validator("when")
-    @classmethod
-    def _known(cls, when: dict[str, Any]) -> dict[str, Any]:
-        for key, condition in when.items():
-            if key not in RULE_FEATURES:
-                raise ValueError(f"unknown feature {key!r} (known: {', '.join(RULE_FEATURES)})")
-            if isinstance(condition, dict):
-                bad = set(condition) - set(Comparison.__args__)  # type: ignore[attr-defined]
-                if bad or not condition:
-                    raise ValueError(f"{key}: comparisons are eq, ne, gt, gte, lt, lte, in")
-        return when
-
-    @property
-    def label(self) -> str:
-        return self.name or "+".join(self.when)
-
-
-class ClassifierSpec(StrictModel):
-    """A classifier by ``name`` (``linear``: sigmoid of ``bias`` + sum of ``weights`` x the
-    normalized features)."""
-
-    name: str = "linear"
-    weights: dict[str, float] = Field(default_factory=dict)
-    bias: float = 0.0
-
-    @field_validator("weights")
-    @classmethod
-    def _features(cls, weights: dict[str, float]) -> dict[str, float]:
-        unknown = [k for k in weights if k not in FEATURE_NAMES]
-        if unknown:
-            raise ValueError(
-                f"weight for unknown feature(s) {unknown} (features: {', '.join(FEATURE_NAMES)})"
-            )
-        return weights
 
 
 class Escalation(StrictModel):
@@ -82,7 +38,9 @@ class RoutingPolicy(StrictModel):
     default_tier: str = "fast"
     route_all: bool = False
     rules: list[Rule] = Field(default_factory=list)
-    classifier: ClassifierSpec | None = None
+    classifier: Annotated[ClassifierSettings, AnyClassifierSettings] | None = Field(
+        None, description="The classifier by name (default linear) and its own settings."
+    )
     threshold: float = Field(0.5, ge=0, le=1)
     fast_tier: str = "fast"
     strong_tier: str = "strong"
@@ -111,15 +69,4 @@ class RoutingPolicy(StrictModel):
         for loc, tier in named:
             if tier not in tiers:
                 found.append(Issue(loc=loc, message=f"unknown tier '{tier}'"))
-        if self.classifier is not None:
-            from gateway.routing.classifiers import CLASSIFIERS
-
-            if self.classifier.name not in CLASSIFIERS:
-                found.append(
-                    Issue(
-                        loc=("routing", "classifier", "name"),
-                        message=f"unknown classifier '{self.classifier.name}' "
-                        f"(known: {', '.join(CLASSIFIERS)})",
-                    )
-                )
         return found

@@ -18,7 +18,6 @@ from gateway.errors import ModelNotFoundError
 from gateway.policy import Policy
 from gateway.routing.classifiers import Classifier, build
 from gateway.routing.features import Features, extract
-from gateway.routing.policy import Rule
 
 AUTO = "auto"
 
@@ -73,40 +72,6 @@ def order_tier(
     return (*ready, *(n for n in names if n not in ready))
 
 
-def _matches(rule: Rule, values: Mapping[str, Any]) -> bool:
-    for key, condition in rule.when.items():
-        value = values.get(key)
-        if isinstance(condition, dict):
-            for op, target in condition.items():
-                if op == "in":
-                    if value not in target:
-                        return False
-                elif op == "eq":
-                    if value != target:
-                        return False
-                elif op == "ne":
-                    if value == target:
-                        return False
-                elif value is None or not _compare(op, value, target):
-                    return False
-        elif value != condition:
-            return False
-    return True
-
-
-def _compare(op: str, value: Any, target: Any) -> bool:
-    try:
-        if op == "gt":
-            return bool(value > target)
-        if op == "gte":
-            return bool(value >= target)
-        if op == "lt":
-            return bool(value < target)
-        return bool(value <= target)
-    except TypeError:
-        return False
-
-
 @dataclass(slots=True)
 class Decision:
     """Why the router chose a tier (``route explain`` prints all of it)."""
@@ -119,7 +84,8 @@ class Decision:
 
 
 class Router:
-    """The routing decision for one policy snapshot (its classifier built once)."""
+    """The routing decision for one policy, its classifier built once (a loaded policy's
+    snapshot holds its router)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -134,7 +100,7 @@ class Router:
         if routing.rules:
             values = features.as_dict()
             for rule in routing.rules:
-                if _matches(rule, values):
+                if rule.matches(values):
                     return Decision(rule.tier, f"rule:{rule.label}", features, rule=rule.label)
         if self.classifier is not None:
             score = self.classifier.strong_probability(features)
@@ -165,20 +131,6 @@ class Router:
         if decision.score is not None:
             return Route(decision.tier, deployments, "score", decision.score, policy.routing.threshold)
         return Route(decision.tier, deployments, decision.reason)
-
-
-_ROUTERS: dict[int, Router] = {}
-
-
-def router_for(policy: Policy) -> Router:
-    """The router of ``policy`` (cached while the policy is alive)."""
-    key = id(policy)
-    found = _ROUTERS.get(key)
-    if found is None or found.policy is not policy:
-        if len(_ROUTERS) > 8:
-            _ROUTERS.clear()
-        found = _ROUTERS[key] = Router(policy)
-    return found
 
 
 def tier_route(policy: Policy, tier: str, reason: str, escalated_from: str | None = None) -> Route:

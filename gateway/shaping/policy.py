@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gateway._model import Seconds, StrictModel
+from gateway.validation import Seconds, StrictModel
 
 Detector = Literal[
     "iso_date", "written_date", "time", "weekday", "uuid", "hex_id", "base64_id", "epoch", "request_id"

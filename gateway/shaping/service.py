@@ -1,4 +1,5 @@
-"""What the server calls to shape a request: shapers per policy, the stability model, the prefix view."""
+"""What the server calls to shape a request: the snapshot's shaper, with the process's
+stability model and local prefix view."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from typing import Any
 
 from gateway.cachestats.prefix import LocalPrefixes, checkpoints
 from gateway.context import RequestContext
-from gateway.shaping.policy import ShapingPolicy
-from gateway.shaping.shaper import Shaper
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
 
@@ -28,28 +27,20 @@ def pop_gateway_metadata(body: dict[str, Any]) -> dict[str, str]:
     return taken
 
 
-class Shaping:
-    """Per process: the shapers of the policies in use, the stability model, the local prefix view."""
+class ShapingState:
+    """What shaping learns and remembers in this process, across requests and policy reloads:
+    the stability model (synced with Redis) and the local prefix view. The per-policy
+    :class:`~gateway.shaping.shaper.PolicyShaper` comes with the request's snapshot."""
 
     def __init__(self) -> None:
         self.stability = StabilityModel()
         self.prefixes = LocalPrefixes()
-        self._shapers: dict[int, Shaper] = {}
-
-    def _shaper(self, policy: ShapingPolicy) -> Shaper:
-        found = self._shapers.get(id(policy))
-        if found is None or found.policy is not policy:
-            if len(self._shapers) > 8:
-                self._shapers.clear()
-            found = self._shapers[id(policy)] = Shaper(policy)
-        return found
 
     def shape(
         self, ctx: RequestContext, body: dict[str, Any], writer: StatsWriter | None, template: str | None
     ) -> None:
         """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``."""
-        policy = ctx.snapshot.policy.shaping
-        ctx.shape = self._shaper(policy).shape(body, self.stability, writer, template)
+        ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template)
         ctx.prefix_chain = checkpoints(body)
 
     def prefix_hit(self, ctx: RequestContext) -> None:

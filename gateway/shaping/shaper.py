@@ -108,8 +108,10 @@ def _short(data: bytes) -> str:
     return f"{zlib.crc32(data):08x}"
 
 
-class Shaper:
-    """The shaping of one policy (detectors compiled once)."""
+class PolicyShaper:
+    """The shaping one policy asks for, its detectors compiled once (a loaded policy's snapshot
+    holds one). What shaping learns across requests and policies lives in
+    :class:`~gateway.shaping.service.ShapingState`."""
 
     def __init__(self, policy: ShapingPolicy) -> None:
         self.policy = policy

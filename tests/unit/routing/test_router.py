@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Literal
 
 import pytest
 
 from gateway.config import PolicyError, parse_policy
 from gateway.errors import ModelNotFoundError
-from gateway.routing.classifiers import CLASSIFIERS, Linear
+from gateway.routing.classifiers import CLASSIFIERS, Classifier, ClassifierSettings, register
+from gateway.routing.classifiers.linear import Linear, LinearSettings
 from gateway.routing.features import Features, extract
-from gateway.routing.policy import ClassifierSpec
 from gateway.routing.resolve import Router, order_tier
 
 BASE = """
@@ -136,17 +137,27 @@ def test_weighted_choice_follows_the_weights() -> None:
 
 
 def test_new_classifiers_drop_in_by_name() -> None:
-    class Always:
-        def __init__(self, spec: ClassifierSpec) -> None:
-            self.value = spec.bias
+    class AlwaysSettings(ClassifierSettings):
+        name: Literal["always"] = "always"
+        bias: float
+
+    @register(AlwaysSettings)
+    class Always(Classifier):
+        def __init__(self, settings: AlwaysSettings) -> None:
+            self.value = settings.bias
 
         def strong_probability(self, features: Features) -> float:
             return self.value
 
-    CLASSIFIERS["always"] = Always
     try:
         r = router("routing:\n  classifier: {name: always, bias: 0.9}\n")
         assert r.resolve(chat("hi")).header() == "tier=strong; score=0.90; threshold=0.5"
+        with pytest.raises(PolicyError) as missing:
+            router("routing:\n  classifier: {name: always, weights: {}}\n")
+        assert sorted(i.path for i in missing.value.issues) == [
+            "routing.classifier.bias",
+            "routing.classifier.weights",
+        ]
     finally:
         del CLASSIFIERS["always"]
     with pytest.raises(PolicyError) as info:
@@ -155,10 +166,12 @@ def test_new_classifiers_drop_in_by_name() -> None:
 
 
 def test_linear_contributions_sum_to_the_logit() -> None:
-    clf = Linear(ClassifierSpec(weights={"reasoning_cues": 2.0, "questions": -1.0}, bias=-0.5))
+    clf = Linear(LinearSettings(weights={"reasoning_cues": 2.0, "questions": -1.0}, bias=-0.5))
     f = extract(chat("Why? How?"))
     z = -0.5 + sum(clf.contributions(f).values())
     assert clf.strong_probability(f) == pytest.approx(1 / (1 + math.exp(-z)))
+    assert clf.explain(f)[0] == ("bias", -0.5)
+    assert [label for label, _ in clf.explain(f)[1:]] == ["reasoning_cues", "questions"]
 
 
 @pytest.mark.parametrize(

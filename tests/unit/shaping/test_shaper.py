@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.shaping.policy import ShapingPolicy
-from gateway.shaping.shaper import Shaper
+from gateway.shaping.shaper import PolicyShaper
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.volatile import Detectors
 
@@ -26,8 +26,8 @@ def request(system: str, *turns: tuple[str, str], **extra: Any) -> dict[str, Any
     return {"model": "fast", "messages": messages, **extra}
 
 
-def shaper(**policy: Any) -> Shaper:
-    return Shaper(ShapingPolicy.model_validate(policy))
+def shaper(**policy: Any) -> PolicyShaper:
+    return PolicyShaper(ShapingPolicy.model_validate(policy))
 
 
 def tool(name: str, **params: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Building blocks shared by the policy sections: strict models and durations."""
+"""Validation building blocks shared by the policy, the wire models and the tools: strict
+models, durations with units, and problems located by path (``tiers.fast[1]``)."""
 
 from __future__ import annotations
 
