@@ -36,7 +36,8 @@ from gateway.api.protocol import (
     check_limits,
     validate,
 )
-from gateway.auth.keys import KeyStore, bearer_token, validate_new_key
+from gateway.auth.bearer import bearer_token
+from gateway.auth.keys import KeyStore, validate_new_key
 from gateway.auth.limits import Limiter
 from gateway.cachestats import Accounting
 from gateway.cachestats.cost import cost_nano_usd
@@ -617,8 +618,7 @@ def require_admin(request: web.Request) -> None:
         if is_loopback(settings.host):
             return
         raise PermissionDeniedError("Admin API is disabled: set SWITCHYARD_ADMIN_KEY.")
-    given = request.headers.get("Authorization", "")
-    token = given[7:] if given.startswith("Bearer ") else ""
+    token = bearer_token(request.headers.get("Authorization")) or ""
     if not hmac.compare_digest(token.encode(), settings.admin_key.encode()):
         raise PermissionDeniedError("Admin API needs the admin key.", code="invalid_admin_key")
 

@@ -310,14 +310,3 @@ def _accepted(record: KeyRecord | None) -> KeyRecord:
     if record.revoked_at:
         raise AuthenticationError("This API key has been revoked.", code="invalid_api_key")
     return record
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    token = token.strip()
-    return token or None

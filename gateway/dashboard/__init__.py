@@ -21,6 +21,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from gateway.auth.bearer import bearer_token
 from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
 from gateway.context import RequestContext
 from gateway.policy import Policy
@@ -78,11 +79,12 @@ def key_label(authorization: str | None) -> str | None:
     found = _labels.get(authorization)
     if found is not None:
         return found
-    if not authorization.startswith("Bearer ") or not authorization[7:].strip():
+    token = bearer_token(authorization)
+    if token is None:
         return None
     if len(_labels) >= MAX_KEYS:
         return OTHER_KEYS
-    label = "key_" + hashlib.blake2b(authorization[7:].strip().encode(), digest_size=4).hexdigest()
+    label = "key_" + hashlib.blake2b(token.encode(), digest_size=4).hexdigest()
     _labels[authorization] = label
     return label
 
