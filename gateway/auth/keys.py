@@ -162,7 +162,6 @@ class KeyStore:
         self._max_cached = 10_000
         # One Redis lookup per token at a time: a burst of a new key's requests shares it.
         self._lookups: dict[str, asyncio.Future[dict[str, str]]] = {}
-        self.redis_errors = 0
 
     async def create(
         self,
@@ -261,7 +260,6 @@ class KeyStore:
         try:
             fields = await self._lookup(token, parts[0])
         except (RedisError, OSError, TimeoutError):
-            self.redis_errors += 1
             if cached is not None and now - cached[0] < self._stale_s:
                 return _accepted(cached[1])
             raise UpstreamUnavailableError(

@@ -31,10 +31,6 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_LABELS = ("deployment", "tier", "stream", "prompt_size")
-PROMPT_SIZES = ("lt1k", "1k_4k", "4k_16k", "gt16k", "unknown")
-"""``prompt_size`` label values: prompt tokens < 1,024, 1,024-4,095, 4,096-16,383, >= 16,384,
-or unknown (the answer carried no usage, e.g. an error)."""
-
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
@@ -47,7 +43,9 @@ so clients cannot grow the label set."""
 
 
 def prompt_size(prompt_tokens: int | None) -> str:
-    """The ``prompt_size`` bucket of a prompt of ``prompt_tokens`` tokens."""
+    """The ``prompt_size`` label of a prompt of ``prompt_tokens`` tokens: ``lt1k`` (< 1,024),
+    ``1k_4k``, ``4k_16k``, ``gt16k`` (>= 16,384), or ``unknown`` when the answer carried no
+    usage (an error, say)."""
     if prompt_tokens is None:
         return "unknown"
     if prompt_tokens < 1024:
