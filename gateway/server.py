@@ -40,7 +40,6 @@ from gateway.auth.bearer import bearer_token
 from gateway.auth.keys import KeyStore, validate_new_key
 from gateway.auth.limits import Limiter
 from gateway.cachestats import Accounting
-from gateway.cachestats.cost import cost_nano_usd
 from gateway.config import PolicyHolder, PolicySnapshot, Settings, is_loopback
 from gateway.context import RequestContext
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
@@ -69,6 +68,7 @@ from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.record import finished_request
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
@@ -298,35 +298,12 @@ def _shutdown_error() -> SwitchyardError:
 def _finish(app: web.Application, ctx: RequestContext) -> None:
     if ctx.finished_at is None:
         ctx.finished_at = time.perf_counter()
-    if ctx.deployment is not None:
-        found = ctx.snapshot.policy.deployments.get(ctx.deployment)
-        ctx.cost_nano_usd = cost_nano_usd(found.price if found is not None else None, ctx.usage)
-        app[ACCOUNTING].record(ctx)
-        app[DASHBOARD].record(ctx)
-    app[METRICS].record(ctx)
-    if ctx.key is not None:
-        # Tokens for the key's TPM bucket, cost for its lifetime spend (and budget).
-        tokens = (ctx.usage_int("prompt_tokens") or 0) + (ctx.usage_int("completion_tokens") or 0)
-        app[LIMITER].charge(ctx.key, tokens if ctx.key.tpm else 0, ctx.cost_nano_usd)
-    ttft = ctx.ttft_ms
-    tlog.request_line(
-        request_id=ctx.request_id,
-        key_id=ctx.key_id,
-        endpoint=ctx.endpoint,
-        model=ctx.requested_model,
-        tier=ctx.tier,
-        deployment=ctx.deployment,
-        stream=ctx.stream,
-        status=ctx.status,
-        error_code=ctx.error_code,
-        attempts=ctx.attempts,
-        ttft_ms=round(ttft, 2) if ttft is not None else None,
-        total_ms=round(ctx.total_ms, 2),
-        prompt_tokens=ctx.usage_int("prompt_tokens"),
-        completion_tokens=ctx.usage_int("completion_tokens"),
-        cached_tokens=ctx.cached_tokens,
-        cost_usd=ctx.cost_nano_usd / 1e9 if ctx.cost_nano_usd else None,
-    )
+    done = finished_request(ctx)
+    app[ACCOUNTING].record(done)
+    app[DASHBOARD].record(done)
+    app[METRICS].record(done)
+    app[LIMITER].record(done)
+    tlog.log_request(done)
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:

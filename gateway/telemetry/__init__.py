@@ -1,1 +1,2 @@
-"""Logging, Prometheus metrics and OpenTelemetry tracing."""
+"""What a finished request leaves behind: the finished-request record, the structlog line,
+Prometheus metrics and OpenTelemetry tracing."""
