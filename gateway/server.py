@@ -27,14 +27,12 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway import cachestats
+from gateway import cachestats, pipeline
 from gateway._model import parse_duration
 from gateway.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
-    check_limits,
-    validate,
 )
 from gateway.auth.bearer import bearer_token
 from gateway.auth.keys import KeyStore, validate_new_key
@@ -44,7 +42,7 @@ from gateway.config import PolicyHolder, PolicySnapshot, Settings, is_loopback
 from gateway.context import RequestContext
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
 from gateway.dashboard import DashboardStats, key_label
-from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
+from gateway.dispatch.dispatcher import Dispatcher, OpenStream
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import (
     AuthenticationError,
@@ -59,16 +57,14 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
-from gateway.routing.escalation import escalation_reason
-from gateway.routing.resolve import Route, model_names, router_for, tier_route
-from gateway.shaping.service import Shaping, pop_gateway_metadata
+from gateway.routing.resolve import model_names
+from gateway.shaping.service import Shaping
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
-from gateway.telemetry.record import finished_request
 from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
@@ -92,6 +88,7 @@ AUTH_MODE = web.AppKey("auth_mode", str)
 SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
 DRAINING = web.AppKey("draining", asyncio.Event)
 IN_FLIGHT = web.AppKey("in_flight", set[asyncio.Task[Any]])
+STAGES = web.AppKey("stages", pipeline.Stages)
 CTX = web.RequestKey("ctx", RequestContext)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -207,7 +204,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             if token is not None:
                 tracing.end_request(ctx, token)
             if api:
-                _finish(request.app, ctx)
+                pipeline.finish(request.app[STAGES], ctx)
             raise
     except Exception:
         _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
@@ -224,7 +221,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         ctx.finished_at = time.perf_counter()
         # After this step aiohttp writes the response; the bookkeeping waits for the
         # next loop turn so it is not on the client's latency path.
-        asyncio.get_running_loop().call_soon(_finish, request.app, ctx)
+        asyncio.get_running_loop().call_soon(pipeline.finish, request.app[STAGES], ctx)
     return resp
 
 
@@ -238,15 +235,6 @@ async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
     key = await request.app[KEYS].verify(token)
     ctx.key = key
     ctx.key_id = key.key_id
-
-
-async def _admit(request: web.Request, ctx: RequestContext) -> None:
-    """Take this request from its key's rate limits and budget (429 when over)."""
-    key = ctx.key
-    if key is None or not key.limited:
-        return
-    admission = await request.app[LIMITER].admit(key)
-    ctx.response_headers.update(admission.headers)
 
 
 def _secrets(app: web.Application, snapshot: PolicySnapshot) -> tuple[str, ...]:
@@ -295,17 +283,6 @@ def _shutdown_error() -> SwitchyardError:
     )
 
 
-def _finish(app: web.Application, ctx: RequestContext) -> None:
-    if ctx.finished_at is None:
-        ctx.finished_at = time.perf_counter()
-    done = finished_request(ctx)
-    app[ACCOUNTING].record(done)
-    app[DASHBOARD].record(done)
-    app[METRICS].record(done)
-    app[LIMITER].record(done)
-    tlog.log_request(done)
-
-
 async def _read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
@@ -327,108 +304,19 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _checked(request: web.Request, schema: type[BaseModel], body: dict[str, Any]) -> None:
-    settings = request.app[SETTINGS]
-    check_limits(
-        body,
-        max_depth=settings.max_json_depth,
-        max_messages=settings.max_messages,
-        max_content_parts=settings.max_content_parts,
-    )
-    validate(schema, body)
-
-
-def _prepare(
-    request: web.Request, ctx: RequestContext, schema: type[BaseModel], body: dict[str, Any]
-) -> Route:
-    """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
-    template) come from headers or ``metadata`` and are not sent upstream."""
-    _checked(request, schema, body)
-    ctx.requested_model = body["model"]
-    hints = pop_gateway_metadata(body)
-    headers = request.headers
-    if ctx.span is not None:
-        tracing.request_attributes(ctx, body)
-    if schema is ChatCompletionRequest:
-        template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
-        with tracing.child(ctx, "shape") as span:
-            request.app[SHAPING].shape(ctx, body, request.app[STATS], template)
-            if span is not None and ctx.shape is not None:
-                span.set_attributes(
-                    {
-                        "switchyard.template": ctx.shape.template,
-                        "switchyard.moved_segments": ctx.shape.moved,
-                        "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
-                    }
-                )
-    dispatcher = request.app[DISPATCHER]
-    hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
-    with tracing.child(ctx, "route") as span:
-        route = router_for(ctx.snapshot.policy).resolve(
-            body, hint, dispatcher.available, dispatcher.pool.in_flight
-        )
-        _set_route(ctx, route)
-        if span is not None:
-            span.set_attributes(
-                {
-                    "switchyard.tier": route.tier or "",
-                    "switchyard.route_reason": route.header(),
-                    "switchyard.candidates": list(route.deployments),
-                }
-            )
-    key = ctx.key
-    if key is not None and not key.allows(ctx.requested_model, route.tier):
-        raise PermissionDeniedError(
-            f"The key '{key.name}' may not use the model '{ctx.requested_model}'.",
-            param="model",
-            code="model_not_allowed",
-        )
-    return route
-
-
-def _set_route(ctx: RequestContext, route: Route) -> None:
-    ctx.tier = route.tier
-    ctx.route_reason = route.header()
-
-
-async def _unary(
-    ctx: RequestContext, dispatcher: Dispatcher, route: Route, endpoint: str, body: dict[str, Any]
-) -> UnaryResult:
-    """A non-stream request; a fast answer that fails the policy's escalation check is asked
-    again, once, of the escalation tier."""
-    result = await dispatcher.unary(ctx, route, endpoint, body)
-    if endpoint != "/chat/completions":
-        return result
-    policy = ctx.snapshot.policy
-    reason = escalation_reason(policy, route, body, result.body)
-    if reason is None:
-        return result
-    ctx.escalated = reason
-    stronger = tier_route(
-        policy, policy.routing.escalation.to, f"escalation:{reason}", escalated_from=route.tier
-    )
-    _set_route(ctx, stronger)
-    return await dispatcher.unary(ctx, stronger, endpoint, body)
-
-
 def _proxy(endpoint: str, schema: type[BaseModel], streamable: bool) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         ctx: RequestContext = request[CTX]
         body = await _read_json(request)
         ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
-        dispatcher = request.app[DISPATCHER]
-        route = _prepare(request, ctx, schema, body)
-        await _admit(request, ctx)
-        if not (streamable and body.get("stream") is True):
-            result = await _unary(ctx, dispatcher, route, endpoint, body)
-            request.app[SHAPING].prefix_hit(ctx)
-            return web.Response(
-                body=result.body, headers=_route_headers(ctx), content_type=result.content_type.split(";")[0]
-            )
-        ctx.stream = True
-        opened = await dispatcher.open_stream(ctx, route, endpoint, body)
-        request.app[SHAPING].prefix_hit(ctx)
-        return await _forward_stream(request, ctx, opened)
+        stages = request.app[STAGES]
+        if streamable and body.get("stream") is True:
+            opened = await pipeline.open_stream(stages, ctx, schema, endpoint, body, request.headers)
+            return await _forward_stream(request, ctx, opened)
+        result = await pipeline.run_unary(stages, ctx, schema, endpoint, body, request.headers)
+        return web.Response(
+            body=result.body, headers=_route_headers(ctx), content_type=result.content_type.split(";")[0]
+        )
 
     return handle
 
@@ -438,7 +326,7 @@ async def fanout(request: web.Request) -> web.Response:
     parent: RequestContext = request[CTX]
     spec = parse_fanout(await _read_json(request))
     override = timeout_override(request.headers.get("x-switchyard-timeout"))
-    dispatcher = request.app[DISPATCHER]
+    stages = request.app[STAGES]
 
     async def one(index: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         ctx = RequestContext(
@@ -455,10 +343,9 @@ async def fanout(request: web.Request) -> web.Response:
         try:
             if body.get("stream") is True:
                 raise InvalidRequestError("Fan-out items cannot stream.", param="stream")
-            route = _prepare(request, ctx, ChatCompletionRequest, body)
-            await _admit(request, ctx)
-            result = await _unary(ctx, dispatcher, route, "/chat/completions", body)
-            request.app[SHAPING].prefix_hit(ctx)
+            result = await pipeline.run_unary(
+                stages, ctx, ChatCompletionRequest, "/chat/completions", body, request.headers
+            )
         except SwitchyardError as exc:
             ctx.status, ctx.error_code = exc.status, exc.code
             return exc.status, _route_headers(ctx), exc.to_json()
@@ -469,7 +356,7 @@ async def fanout(request: web.Request) -> web.Response:
             if not ctx.status:
                 ctx.status = 200
             ctx.finished_at = time.perf_counter()
-            _finish(request.app, ctx)
+            pipeline.finish(stages, ctx)
         return 200, _route_headers(ctx), result.body
 
     results = await run_fanout(spec, one)
@@ -759,6 +646,20 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s)
     app[LIMITER] = Limiter(app[REDIS], app[STATS])
     dispatcher = app[DISPATCHER]
+    app[STAGES] = pipeline.Stages(
+        settings=settings,
+        shaping=app[SHAPING],
+        dispatcher=dispatcher,
+        limiter=app[LIMITER],
+        stats=app[STATS],
+        sinks=(
+            app[ACCOUNTING].record,
+            app[DASHBOARD].record,
+            app[METRICS].record,
+            app[LIMITER].record,
+            tlog.log_request,
+        ),
+    )
 
     def apply(snapshot: PolicySnapshot) -> None:
         app[POOL].update(snapshot.policy)
