@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from gateway._model import Issue
 from gateway.config import PolicyError, PolicySnapshot
 from gateway.replicas.upstream import ReplicaSetUpstream
 from gateway.upstream import UpstreamPool
 from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
-
-SUPERVISOR = web.AppKey("vllm_supervisor", SupervisorThread)
-"""Set when this gateway process itself supervises the ``launch:`` servers."""
 
 
 def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str, Any]]:
