@@ -48,7 +48,6 @@ class RequestContext:
     finished_at: float | None = None
     chunks: int = 0
     usage: dict[str, Any] | None = None
-    cost_nano_usd: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)
     tracer: Any = None
     """The OpenTelemetry tracer while tracing is on (None: off, and no span is made)."""

@@ -121,12 +121,9 @@ def _serve_one(
     reuse_port: bool = False,
     supervisor: SupervisorThread | None = None,
 ) -> int:
-    from gateway.replicas.status import SUPERVISOR
-    from gateway.server import create_app, serve
+    from gateway.http import create_app, serve
 
-    app = create_app(settings, holder)
-    if supervisor is not None:
-        app[SUPERVISOR] = supervisor
+    app = create_app(settings, holder, supervisor=supervisor)
     run_async(serve(app, settings.host, settings.port, reuse_port=reuse_port))
     return 0
 

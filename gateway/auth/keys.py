@@ -162,7 +162,6 @@ class KeyStore:
         self._max_cached = 10_000
         # One Redis lookup per token at a time: a burst of a new key's requests shares it.
         self._lookups: dict[str, asyncio.Future[dict[str, str]]] = {}
-        self.redis_errors = 0
 
     async def create(
         self,
@@ -261,7 +260,6 @@ class KeyStore:
         try:
             fields = await self._lookup(token, parts[0])
         except (RedisError, OSError, TimeoutError):
-            self.redis_errors += 1
             if cached is not None and now - cached[0] < self._stale_s:
                 return _accepted(cached[1])
             raise UpstreamUnavailableError(
@@ -310,14 +308,3 @@ def _accepted(record: KeyRecord | None) -> KeyRecord:
     if record.revoked_at:
         raise AuthenticationError("This API key has been revoked.", code="invalid_api_key")
     return record
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    token = token.strip()
-    return token or None

@@ -20,7 +20,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from redis.asyncio import Redis
@@ -30,6 +30,9 @@ from gateway.auth.keys import KeyRecord
 from gateway.cachestats.cost import NANO_USD as NANO
 from gateway.errors import RateLimitError
 from gateway.store.writer import StatsWriter
+
+if TYPE_CHECKING:
+    from gateway.telemetry.record import FinishedRequest
 
 _log = structlog.get_logger("switchyard.limits")
 
@@ -169,6 +172,15 @@ class Limiter:
             retry_after_s=retry_s,
             headers=headers,
         )
+
+    def record(self, done: FinishedRequest) -> None:
+        """Charge a finished request to its key: tokens to the TPM bucket (when the key has
+        one), cost to the lifetime spend and budget."""
+        key = done.key
+        if key is None:
+            return
+        tokens = (done.prompt_tokens or 0) + (done.completion_tokens or 0) if key.tpm else 0
+        self.charge(key, tokens, done.cost_nano_usd)
 
     def charge(self, key: KeyRecord, tokens: int, cost_nano_usd: int) -> None:
         """Queue the tokens and cost a finished request used (written off the request path)."""

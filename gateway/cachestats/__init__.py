@@ -17,16 +17,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.cachestats.prefix import expect_shared
-from gateway.context import RequestContext
 from gateway.policy import Policy
 from gateway.store.writer import StatsWriter
+
+if TYPE_CHECKING:
+    from gateway.telemetry.record import FinishedRequest
 
 BUCKET_S = 60
 RETENTION_S = 48 * 3600
@@ -80,32 +82,32 @@ class Accounting:
         self._pending: list[tuple[str, str, str, list[int], float]] = []
         self.expectations_dropped = 0
 
-    def record(self, ctx: RequestContext) -> None:
+    def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (never waits on Redis)."""
-        if ctx.deployment is None:
+        if done.deployment is None:
             return
-        template = ctx.shape.template if ctx.shape is not None else NO_KEY
-        prefix = f"{ctx.deployment}|{ctx.key_id or NO_KEY}|{template}|"
+        template = done.shape.template if done.shape is not None else NO_KEY
+        prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
         key = _bucket(int(time.time()) // BUCKET_S)
         ttl = RETENTION_S + BUCKET_S
         hincr = self._writer.hincr
         hincr(key, prefix + "requests", 1, ttl)
-        if ctx.status >= 400 or ctx.error_code:
+        if done.failed:
             hincr(key, prefix + "errors", 1, ttl)
         day_key = _day_key(_day(time.time()))
-        day_prefix = f"{ctx.key_id or NO_KEY}|{ctx.deployment}|"
+        day_prefix = f"{done.key_id or NO_KEY}|{done.deployment}|"
         day_ttl = COST_RETENTION_DAYS * 86400
         hincr(day_key, day_prefix + "requests", 1, day_ttl)
         for name, value in (
-            ("prompt_tokens", ctx.usage_int("prompt_tokens")),
-            ("completion_tokens", ctx.usage_int("completion_tokens")),
-            ("cached_tokens", ctx.cached_tokens),
-            ("cost_nano_usd", ctx.cost_nano_usd),
+            ("prompt_tokens", done.prompt_tokens),
+            ("completion_tokens", done.completion_tokens),
+            ("cached_tokens", done.cached_tokens),
+            ("cost_nano_usd", done.cost_nano_usd),
         ):
             if value:
                 hincr(key, prefix + name, value, ttl)
                 hincr(day_key, day_prefix + name, value, day_ttl)
-        shape = ctx.shape
+        shape = done.shape
         if shape is None:
             return
         if shape.moved or shape.tools_sorted or shape.rag_moved:
@@ -120,12 +122,11 @@ class Accounting:
                 pipe.expire(sig_key, RETENTION_S)
 
             self._writer.add(push)
-        if ctx.prefix_chain and ctx.status < 400:
+        if done.prefix_chain and done.status < 400:
             if len(self._pending) >= self._slots:
                 self.expectations_dropped += 1
                 return
-            ttl_s = ctx.snapshot.policy.shaping.cache_ttl_s
-            self._pending.append((key, prefix, ctx.deployment, ctx.prefix_chain, ttl_s))
+            self._pending.append((key, prefix, done.deployment, done.prefix_chain, done.cache_ttl_s))
 
     async def expect(self) -> None:
         """Look the waiting requests' prefixes up in Redis, all in one round trip."""

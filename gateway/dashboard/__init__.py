@@ -17,15 +17,17 @@ import math
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
+from gateway.auth.bearer import bearer_token
 from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
-from gateway.context import RequestContext
 from gateway.policy import Policy
 from gateway.store.writer import StatsWriter
-from gateway.telemetry.metrics import request_cost_usd
+
+if TYPE_CHECKING:
+    from gateway.telemetry.record import FinishedRequest
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 LATENCIES = ("ttft", "itl", "e2e")
@@ -78,11 +80,12 @@ def key_label(authorization: str | None) -> str | None:
     found = _labels.get(authorization)
     if found is not None:
         return found
-    if not authorization.startswith("Bearer ") or not authorization[7:].strip():
+    token = bearer_token(authorization)
+    if token is None:
         return None
     if len(_labels) >= MAX_KEYS:
         return OTHER_KEYS
-    label = "key_" + hashlib.blake2b(authorization[7:].strip().encode(), digest_size=4).hexdigest()
+    label = "key_" + hashlib.blake2b(token.encode(), digest_size=4).hexdigest()
     _labels[authorization] = label
     return label
 
@@ -141,35 +144,32 @@ class DashboardStats:
         self._redis = redis
         self._accounting = accounting
 
-    def record(self, ctx: RequestContext) -> None:
+    def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (summed in process; never waits on Redis)."""
-        if ctx.deployment is None:
+        if done.deployment is None:
             return
         key = _minute_key(int(time.time()) // BUCKET_S)
         ttl = RETENTION_S + BUCKET_S
-        prefix = f"{ctx.deployment}|{ctx.key_id or NO_KEY}|"
+        prefix = f"{done.deployment}|{done.key_id or NO_KEY}|"
         hincr = self._writer.hincr
         hincr(key, prefix + "requests", 1, ttl)
-        if ctx.status >= 400 or ctx.error_code:
+        if done.failed:
             hincr(key, prefix + "errors", 1, ttl)
-        if ctx.retries:
-            hincr(key, prefix + "retries", ctx.retries, ttl)
-        if ctx.hedged:
+        if done.retries:
+            hincr(key, prefix + "retries", done.retries, ttl)
+        if done.hedged:
             hincr(key, prefix + "hedges", 1, ttl)
-        if ctx.fallback_tier is not None:
+        if done.fallback_tier is not None:
             hincr(key, prefix + "fallbacks", 1, ttl)
-        if ctx.tier is not None:
-            hincr(key, prefix + "tier:" + ctx.tier, 1, ttl)
-        cost = request_cost_usd(ctx.snapshot.policy, ctx)
-        if cost:
-            hincr(key, prefix + "cost_nusd", round(cost * _NANO), ttl)
-        if ctx.finished_at is not None:
-            hincr(key, prefix + f"h:e2e:{bucket_of((ctx.finished_at - ctx.started) * 1000.0)}", 1, ttl)
-        if ctx.stream and ctx.first_token_at is not None:
-            hincr(key, prefix + f"h:ttft:{bucket_of((ctx.first_token_at - ctx.started) * 1000.0)}", 1, ttl)
-            itl = ctx.itl_ms
-            if itl is not None:
-                hincr(key, prefix + f"h:itl:{bucket_of(itl)}", 1, ttl)
+        if done.tier is not None:
+            hincr(key, prefix + "tier:" + done.tier, 1, ttl)
+        if done.cost_nano_usd:
+            hincr(key, prefix + "cost_nusd", done.cost_nano_usd, ttl)
+        hincr(key, prefix + f"h:e2e:{bucket_of(done.e2e_ms)}", 1, ttl)
+        if done.stream and done.ttft_ms is not None:
+            hincr(key, prefix + f"h:ttft:{bucket_of(done.ttft_ms)}", 1, ttl)
+            if done.itl_ms is not None:
+                hincr(key, prefix + f"h:itl:{bucket_of(done.itl_ms)}", 1, ttl)
 
     async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
         """Everything the page shows, over the last ``since_s`` seconds."""

@@ -5,8 +5,8 @@ request by prefix affinity with bounded load.
 - :mod:`gateway.replicas.policy`: the policy fields and their cross-checks;
 - :mod:`gateway.replicas.affinity`: the stable-prefix hash and the replica choice;
 - :mod:`gateway.replicas.upstream`: :class:`~gateway.replicas.upstream.ReplicaSetUpstream`;
-- :mod:`gateway.replicas.status`: ``is_ready(pool, deployment)``, ``/readyz`` and
-  ``/admin/replicas`` figures, and the launches a policy asks for.
+- :mod:`gateway.replicas.status`: ``/readyz`` and ``/admin/replicas`` figures, and the launches
+  a policy asks for.
 
 Only the policy and affinity modules are imported here: the policy model imports this
 package, and the upstream imports the policy model.

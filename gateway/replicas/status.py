@@ -4,27 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from gateway.config import PolicyError, PolicySnapshot
 from gateway.replicas.upstream import ReplicaSetUpstream
 from gateway.upstream import UpstreamPool
 from gateway.validation import Issue
 from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
-
-SUPERVISOR = web.AppKey("vllm_supervisor", SupervisorThread)
-"""Set when this gateway process itself supervises the ``launch:`` servers."""
-
-
-def is_ready(pool: UpstreamPool, deployment: str) -> bool:
-    """Whether ``deployment`` can take a request now. False while every replica of a launched
-    or replicated vLLM deployment is loading or down (and for a name the pool does not
-    know); True for every other deployment. Routing and dispatch skip a deployment that
-    is not ready."""
-    try:
-        return pool.get(deployment).ready
-    except KeyError:
-        return False
 
 
 def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str, Any]]:

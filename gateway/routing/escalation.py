@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from gateway.policy import Policy
-from gateway.routing.resolve import Route
+from gateway.routing.resolve import Route, tier_route
 
 
 def escalation_reason(policy: Policy, route: Route, body: Mapping[str, Any], answer: bytes) -> str | None:
@@ -42,3 +42,15 @@ def escalation_reason(policy: Policy, route: Route, body: Mapping[str, Any], ans
     if "length" in checks and choice.get("finish_reason") == "length" and not client_limit:
         return "length"
     return None
+
+
+def escalation_route(
+    policy: Policy, route: Route, body: Mapping[str, Any], answer: bytes
+) -> tuple[str, Route] | None:
+    """The failed check and the escalation tier's route when ``answer`` fails a check the
+    policy names, or None to keep the answer."""
+    reason = escalation_reason(policy, route, body, answer)
+    if reason is None:
+        return None
+    to = policy.routing.escalation.to
+    return reason, tier_route(policy, to, f"escalation:{reason}", escalated_from=route.tier)

@@ -1,1 +1,2 @@
-"""Logging (and, later, tracing and metrics)."""
+"""What a finished request leaves behind: the finished-request record, the structlog line,
+Prometheus metrics and OpenTelemetry tracing."""

@@ -14,10 +14,13 @@ import queue
 import sys
 import threading
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 import structlog
+
+if TYPE_CHECKING:
+    from gateway.telemetry.record import FinishedRequest
 
 
 class _QueuedBytesWriter:
@@ -149,6 +152,29 @@ def request_line(**fields: Any) -> None:
     fields["level"] = "info"
     fields["timestamp"] = _timestamp()
     _writer.write(orjson.dumps(fields) + b"\n")
+
+
+def log_request(done: FinishedRequest) -> None:
+    """Write the request line of a finished request."""
+    ttft = done.ttft_ms
+    request_line(
+        request_id=done.request_id,
+        key_id=done.key_id,
+        endpoint=done.endpoint,
+        model=done.requested_model,
+        tier=done.tier,
+        deployment=done.deployment,
+        stream=done.stream,
+        status=done.status,
+        error_code=done.error_code,
+        attempts=done.attempts,
+        ttft_ms=round(ttft, 2) if ttft is not None else None,
+        total_ms=round(done.e2e_ms, 2),
+        prompt_tokens=done.prompt_tokens,
+        completion_tokens=done.completion_tokens,
+        cached_tokens=done.cached_tokens,
+        cost_usd=done.cost_nano_usd / 1e9 if done.cost_nano_usd else None,
+    )
 
 
 def dropped_lines() -> int:

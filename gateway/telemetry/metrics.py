@@ -22,19 +22,15 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as _multiprocess
 
-from gateway.policy import Policy
+from gateway.cachestats.cost import NANO_USD
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
+    from gateway.telemetry.record import FinishedRequest
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_LABELS = ("deployment", "tier", "stream", "prompt_size")
-PROMPT_SIZES = ("lt1k", "1k_4k", "4k_16k", "gt16k", "unknown")
-"""``prompt_size`` label values: prompt tokens < 1,024, 1,024-4,095, 4,096-16,383, >= 16,384,
-or unknown (the answer carried no usage, e.g. an error)."""
-
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
@@ -47,7 +43,9 @@ so clients cannot grow the label set."""
 
 
 def prompt_size(prompt_tokens: int | None) -> str:
-    """The ``prompt_size`` bucket of a prompt of ``prompt_tokens`` tokens."""
+    """The ``prompt_size`` label of a prompt of ``prompt_tokens`` tokens: ``lt1k`` (< 1,024),
+    ``1k_4k``, ``4k_16k``, ``gt16k`` (>= 16,384), or ``unknown`` when the answer carried no
+    usage (an error, say)."""
     if prompt_tokens is None:
         return "unknown"
     if prompt_tokens < 1024:
@@ -57,20 +55,6 @@ def prompt_size(prompt_tokens: int | None) -> str:
     if prompt_tokens < 16384:
         return "4k_16k"
     return "gt16k"
-
-
-def request_cost_usd(policy: Policy, ctx: RequestContext) -> float:
-    """What the request cost at its deployment's ``price`` (cached prompt tokens at
-    ``cached_input``); 0 when the deployment has no price or there was no usage."""
-    deployment = policy.deployments.get(ctx.deployment or "")
-    price = deployment.price if deployment is not None else None
-    if price is None or not ctx.usage:
-        return 0.0
-    prompt = ctx.usage_int("prompt_tokens") or 0
-    cached = min(ctx.cached_tokens or 0, prompt)
-    completion = ctx.usage_int("completion_tokens") or 0
-    cached_price = price.cached_input if price.cached_input is not None else price.input
-    return ((prompt - cached) * price.input + cached * cached_price + completion * price.output) / 1e6
 
 
 class Metrics:
@@ -157,20 +141,19 @@ class Metrics:
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
         self._synced: dict[Any, int] = {}
 
-    def record(self, ctx: RequestContext) -> None:
+    def record(self, done: FinishedRequest) -> None:
         """Count one finished API request."""
-        deployment = ctx.deployment or ""
-        tier = ctx.tier or ""
-        endpoint = ctx.endpoint if ctx.endpoint in ENDPOINTS else "other"
-        key = (endpoint, deployment, tier, str(ctx.status), (ctx.error_code or "")[:64])
+        deployment = done.deployment or ""
+        tier = done.tier or ""
+        endpoint = done.endpoint if done.endpoint in ENDPOINTS else "other"
+        key = (endpoint, deployment, tier, str(done.status), (done.error_code or "")[:64])
         child = self._requests.get(key)
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)
         child.inc()
         if not deployment:
             return
-        prompt = ctx.usage_int("prompt_tokens")
-        labels = (deployment, tier, "true" if ctx.stream else "false", prompt_size(prompt))
+        labels = (deployment, tier, "true" if done.stream else "false", prompt_size(done.prompt_tokens))
         hists = self._latency.get(labels)
         if hists is None:
             hists = self._latency[labels] = (
@@ -178,14 +161,12 @@ class Metrics:
                 self.itl.labels(*labels),
                 self.e2e.labels(*labels),
             )
-        if ctx.finished_at is not None:
-            hists[2].observe(ctx.finished_at - ctx.started)
-        if ctx.stream and ctx.first_token_at is not None:
-            hists[0].observe(ctx.first_token_at - ctx.started)
-            itl_ms = ctx.itl_ms
-            if itl_ms is not None:
-                hists[1].observe(itl_ms / 1000.0)
-        if not ctx.usage:
+        hists[2].observe(done.e2e_ms / 1000.0)
+        if done.stream and done.ttft_ms is not None:
+            hists[0].observe(done.ttft_ms / 1000.0)
+            if done.itl_ms is not None:
+                hists[1].observe(done.itl_ms / 1000.0)
+        if not (done.prompt_tokens or done.cached_tokens or done.completion_tokens or done.cost_nano_usd):
             return
         counters = self._by_deployment.get(deployment)
         if counters is None:
@@ -195,17 +176,14 @@ class Metrics:
                 self.completion_tokens.labels(deployment),
                 self.cost.labels(deployment),
             )
-        if prompt:
-            counters[0].inc(prompt)
-        cached = ctx.cached_tokens
-        if cached:
-            counters[1].inc(cached)
-        completion = ctx.usage_int("completion_tokens")
-        if completion:
-            counters[2].inc(completion)
-        cost = request_cost_usd(ctx.snapshot.policy, ctx)
-        if cost:
-            counters[3].inc(cost)
+        if done.prompt_tokens:
+            counters[0].inc(done.prompt_tokens)
+        if done.cached_tokens:
+            counters[1].inc(done.cached_tokens)
+        if done.completion_tokens:
+            counters[2].inc(done.completion_tokens)
+        if done.cost_nano_usd:
+            counters[3].inc(done.cost_nano_usd / NANO_USD)
 
     def _add(self, key: Any, counter: Any, total: int) -> None:
         delta = total - self._synced.get(key, 0)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gateway.config import PolicyHolder, Settings, interpolate_env, parse_policy
-from gateway.server import create_app
+from gateway.http import create_app
 from tests.helpers import ROOT
 
 DEPLOY = ROOT / "deploy"

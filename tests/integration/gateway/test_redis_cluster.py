@@ -24,6 +24,7 @@ from gateway.shaping.shaper import ShapeResult
 from gateway.store import connect, is_cluster_url
 from gateway.store.embedded import find_redis_server
 from gateway.store.writer import StatsWriter
+from gateway.telemetry.record import finished_request
 from tests.helpers import GatewayProcess, SimServer, http_json, sim_policy
 
 SLOTS = 16384
@@ -129,7 +130,7 @@ def test_stats_pipelines_span_the_clusters_slots(cluster: list[int]) -> None:
                 "prompt_tokens_details": {"cached_tokens": 64},
             }
             ctx.shape = ShapeResult(template=f"tpl{i}", segments=[("tools", f"{i:08x}", "")])
-            accounting.record(ctx)
+            accounting.record(finished_request(ctx))
         await writer.flush()
         assert writer.written > 0 and writer.dropped == 0
         assert await client.ping()

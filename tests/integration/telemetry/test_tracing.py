@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.config import PolicyHolder, Settings
+from gateway.http import create_app
 from gateway.procutil import free_port
-from gateway.server import create_app
 from gateway.telemetry.tracing import Tracing, enabled
 from tests.helpers import SimServer
 

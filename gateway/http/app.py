@@ -1,0 +1,212 @@
+"""The gateway application: the one place that builds the stages and wires them together.
+
+Each resource with a lifetime has its own cleanup context, in dependency order, so a
+failed start unwinds exactly what started and a stop closes them in reverse: the policy
+watch and the background tasks first, then the cache expectations (their last batch goes
+through the stats writer's last flush), the stats writer, the upstream pool, and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from gateway.auth.keys import KeyStore
+from gateway.auth.limits import Limiter
+from gateway.cachestats import Accounting
+from gateway.config import PolicyHolder, PolicySnapshot, Settings
+from gateway.dashboard import PAGE as DASHBOARD_PAGE
+from gateway.dashboard import DashboardStats
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http import ops, proxy
+from gateway.http.admin import admin_app
+from gateway.http.middleware import context_middleware
+from gateway.http.state import (
+    ACCOUNTING,
+    AUTH_MODE,
+    DASHBOARD,
+    DASHBOARD_HTML,
+    DISPATCHER,
+    DRAINING,
+    IN_FLIGHT,
+    KEYS,
+    LIMITER,
+    METRICS,
+    POLICY,
+    POOL,
+    REDIS,
+    SECRETS,
+    SETTINGS,
+    SHAPING,
+    STAGES,
+    STATS,
+    SUPERVISOR,
+    TRACING,
+)
+from gateway.pipeline import Stages
+from gateway.shaping.service import ShapingState
+from gateway.store import connect
+from gateway.store.writer import StatsWriter
+from gateway.telemetry import logging as tlog
+from gateway.telemetry import tracing
+from gateway.telemetry.metrics import Metrics
+from gateway.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from local_backend.vllm_backend import SupervisorThread
+
+
+@contextlib.asynccontextmanager
+async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """A background task for the duration of the block; cancelled and awaited at its end."""
+    task = asyncio.create_task(coro, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _redis(app: web.Application) -> AsyncIterator[None]:
+    redis_url = app[SETTINGS].redis_url
+    if redis_url is None:
+        raise RuntimeError("no Redis URL: the CLI starts an embedded Redis when none is configured")
+    app[REDIS] = connect(redis_url)
+    try:
+        yield
+    finally:
+        await app[REDIS].aclose()
+
+
+async def _pool(app: web.Application) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await app[POOL].close()
+
+
+async def _stats_writer(app: web.Application) -> AsyncIterator[None]:
+    writer = app[STATS] = StatsWriter(app[REDIS])
+    async with _running(writer.run(), "stats-writer"):
+        yield
+
+
+async def _accounting(app: web.Application) -> AsyncIterator[None]:
+    accounting = app[ACCOUNTING] = Accounting(app[STATS], app[REDIS])
+    app[DASHBOARD] = DashboardStats(app[STATS], app[REDIS], accounting)
+    async with _running(accounting.run(), "cache-expectations"):
+        yield
+
+
+async def _keys(app: web.Application) -> AsyncIterator[None]:
+    keys = app[KEYS] = KeyStore(app[REDIS], cache_s=app[SETTINGS].key_cache_s)
+    app[LIMITER] = Limiter(app[REDIS], app[STATS])
+    async with _running(keys.watch_revocations(), "key-revocations"):
+        yield
+
+
+async def _policy(app: web.Application) -> AsyncIterator[None]:
+    holder = app[POLICY]
+    pool, dispatcher = app[POOL], app[DISPATCHER]
+
+    def apply(snapshot: PolicySnapshot) -> None:
+        pool.update(snapshot.policy)
+        dispatcher.configure(snapshot.policy)
+
+    apply(holder.current)
+    holder.on_change(apply)
+    async with _running(holder.watch(app[SETTINGS].reload_interval_s), "policy-watch"):
+        yield
+
+
+async def _shared_state(app: web.Application) -> AsyncIterator[None]:
+    # Circuit states and segment stability are shared with the other replicas through Redis.
+    async with (
+        _running(app[DISPATCHER].breakers.share(app[REDIS]), "circuit-share"),
+        _running(app[SHAPING].stability.sync(app[REDIS]), "stability-sync"),
+    ):
+        yield
+
+
+async def _metrics_sync(app: web.Application) -> AsyncIterator[None]:
+    async with _running(ops.sync_metrics_forever(app), "metrics-sync"):
+        yield
+
+
+async def _stages(app: web.Application) -> AsyncIterator[None]:
+    limiter = app[LIMITER]
+    app[STAGES] = Stages(
+        settings=app[SETTINGS],
+        shaping=app[SHAPING],
+        dispatcher=app[DISPATCHER],
+        limiter=limiter,
+        stats=app[STATS],
+        sinks=(
+            app[ACCOUNTING].record,
+            app[DASHBOARD].record,
+            app[METRICS].record,
+            limiter.record,
+            tlog.log_request,
+        ),
+    )
+    yield
+
+
+async def _tracing(app: web.Application) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        owned = app[TRACING]
+        if owned is not None:
+            # Flushes the batch processor (a blocking HTTP export at most): once, at exit.
+            await asyncio.get_running_loop().run_in_executor(None, owned.shutdown)
+
+
+def create_app(
+    settings: Settings,
+    holder: PolicyHolder | None = None,
+    tracer: tracing.Tracing | None = None,
+    supervisor: SupervisorThread | None = None,
+) -> web.Application:
+    """The gateway application for ``settings`` (the policy is loaded here unless given).
+
+    Tracing is ``tracer`` when given (tests pass one with an in-memory exporter), else what
+    the ``OTEL_*`` variables configure (off by default). ``supervisor`` runs the policy's
+    ``launch:`` servers when this process started them (``/admin/replicas`` shows them)."""
+    app = web.Application(middlewares=[context_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[AUTH_MODE] = settings.auth_mode()
+    app[SECRETS] = {}
+    app[DRAINING] = asyncio.Event()
+    app[IN_FLIGHT] = set()
+    app[POLICY] = holder or PolicyHolder(settings.policy)
+    pool = app[POOL] = UpstreamPool()
+    app[DISPATCHER] = Dispatcher(pool)
+    app[SHAPING] = ShapingState()
+    app[METRICS] = Metrics()
+    app[DASHBOARD_HTML] = DASHBOARD_PAGE.read_bytes()
+    app[SUPERVISOR] = supervisor
+    app[TRACING] = tracer if tracer is not None else tracing.Tracing.from_env()
+    if tracer is None and app[TRACING] is not None:
+        app.cleanup_ctx.append(_tracing)
+    app.cleanup_ctx.extend(
+        [_redis, _pool, _stats_writer, _accounting, _keys, _policy, _shared_state, _metrics_sync, _stages]
+    )
+    chat = proxy.proxy("/chat/completions", ChatCompletionRequest, True)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", proxy.proxy("/completions", CompletionRequest, True))
+    app.router.add_post("/v1/embeddings", proxy.proxy("/embeddings", EmbeddingRequest, False))
+    app.router.add_get("/v1/models", proxy.list_models)
+    app.router.add_get("/v1/models/{model}", proxy.get_model)
+    app.router.add_post("/v1/fanout", proxy.fanout)
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/dashboard", ops.dashboard_page)
+    app.add_subapp("/admin/", admin_app())
+    return app

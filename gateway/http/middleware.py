@@ -1,0 +1,136 @@
+"""The main app's middleware: a context and an id for every request, the virtual-key check
+on ``/v1``, every failure turned into OpenAI's error JSON, and the finished request handed
+to the pipeline's sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from gateway.auth.bearer import bearer_token
+from gateway.context import RequestContext
+from gateway.dashboard import key_label
+from gateway.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    RequestTooLargeError,
+    SwitchyardError,
+)
+from gateway.http.redact import scrub
+from gateway.http.responses import cancelled_by_drain, error_response, shutdown_error
+from gateway.http.state import AUTH_MODE, CTX, IN_FLIGHT, KEYS, POLICY, SETTINGS, STAGES, TRACING
+from gateway.pipeline import finish
+from gateway.telemetry import tracing
+
+_log = structlog.get_logger("switchyard.request")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    # Ids need to be unique, not secret: the Mersenne Twister is ten times cheaper than urandom.
+    return f"req_{random.getrandbits(96):024x}"
+
+
+def _http_error(exc: web.HTTPException, request: web.Request) -> SwitchyardError:
+    if exc.status == 404:
+        return NotFoundError(f"Unknown path: {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowedError(f"Method {request.method} is not allowed on {request.path}")
+    if exc.status == 413:
+        limit = request.app[SETTINGS].max_body_bytes
+        return RequestTooLargeError(f"Request body is larger than the limit of {limit} bytes.")
+    return InvalidRequestError(exc.reason or f"HTTP {exc.status}")
+
+
+async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None:
+        raise AuthenticationError(
+            "You didn't provide an API key. Send 'Authorization: Bearer <key>' with a key from "
+            "`switchyard keys create`."
+        )
+    key = await request.app[KEYS].verify(token)
+    ctx.key = key
+    ctx.key_id = key.key_id
+
+
+@web.middleware
+async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give every request a context and an id; turn every failure into OpenAI's error JSON;
+    hand each finished API request to the pipeline's sinks (the log line, metrics, stats)."""
+    app = request.app
+    ctx = RequestContext(
+        request_id=_request_id(request),
+        endpoint=request.path,
+        snapshot=app[POLICY].current,
+    )
+    request[CTX] = ctx
+    api = ctx.endpoint.startswith("/v1/")
+    token = None
+    if api:
+        tracer = app[TRACING]
+        if tracer is not None:
+            token = tracer.start_request(ctx, request.method, request.headers)
+    task = asyncio.current_task()
+    in_flight = app[IN_FLIGHT]
+    if task is not None:
+        in_flight.add(task)
+    try:
+        if api and app[AUTH_MODE] == "keys":
+            await _authenticate(request, ctx)
+        elif api:
+            # No virtual keys: the per-key views name a client by a short hash of its token.
+            ctx.key_id = key_label(request.headers.get("Authorization"))
+        resp = await handler(request)
+    except SwitchyardError as exc:
+        ctx.error_code = exc.code
+        exc.message = scrub(app, ctx.snapshot, exc.message)
+        resp = error_response(exc, ctx)
+    except web.HTTPException as exc:
+        err = _http_error(exc, request)
+        ctx.error_code = err.code
+        resp = error_response(err, ctx)
+    except asyncio.CancelledError:
+        if cancelled_by_drain(app):
+            # Cancelled by the drain deadline (not by a client that went away): answer.
+            err = shutdown_error()
+            ctx.error_code = err.code
+            resp = error_response(err, ctx)
+        else:
+            # The client went away; 499 as nginx logs it.
+            ctx.status = 499
+            if token is not None:
+                tracing.end_request(ctx, token)
+            if api:
+                finish(app[STAGES], ctx)
+            raise
+    except Exception:
+        _log.exception("unhandled_error", request_id=ctx.request_id, path=request.path)
+        err = SwitchyardError(f"Internal error in the gateway (request id {ctx.request_id}).")
+        ctx.error_code = "internal_error"
+        resp = error_response(err, ctx)
+    finally:
+        in_flight.discard(task)
+    if not ctx.status:
+        ctx.status = resp.status
+    if token is not None:
+        tracing.end_request(ctx, token)
+    if api:
+        ctx.finished_at = time.perf_counter()
+        # After this step aiohttp writes the response; the bookkeeping waits for the
+        # next loop turn so it is not on the client's latency path.
+        asyncio.get_running_loop().call_soon(finish, app[STAGES], ctx)
+    return resp

@@ -1,0 +1,61 @@
+"""Server-sent events passed through to the client as they arrive; a stream that fails after
+it started ends with an SSE error event, never a silent cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from gateway.context import RequestContext
+from gateway.dispatch.dispatcher import OpenStream
+from gateway.errors import SwitchyardError, sse_error_event
+from gateway.http.redact import scrub
+from gateway.http.responses import cancelled_by_drain, route_headers, shutdown_error
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def forward_stream(request: web.Request, ctx: RequestContext, opened: OpenStream) -> web.StreamResponse:
+    """Write an opened upstream stream to the client, chunk by chunk, until its end."""
+    resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
+    # Everything up to [DONE] is written as it arrives; the last bytes go out together
+    # with the end of the response (one write instead of two).
+    tail = b""
+    try:
+        await resp.prepare(request)
+        if opened.scanner.done:
+            tail = opened.first
+        else:
+            await resp.write(opened.first)
+        async for out in opened.rest():
+            if opened.scanner.done:
+                tail += out
+            else:
+                await resp.write(out)
+    except SwitchyardError as exc:
+        # Headers are gone; end the stream with an error event, never a silent cut.
+        ctx.error_code = exc.code
+        exc.message = scrub(request.app, ctx.snapshot, exc.message)
+        tail += sse_error_event(exc)
+    except ConnectionError:
+        ctx.status = 499
+        ctx.error_code = "client_disconnected"
+    except asyncio.CancelledError:
+        if not cancelled_by_drain(request.app):
+            raise
+        # Cancelled by the drain deadline with the stream still running: end it with an
+        # error event the SDKs raise on, rather than cutting it silently.
+        err = shutdown_error()
+        ctx.error_code = err.code
+        tail += sse_error_event(err)
+    finally:
+        opened.close()
+        ctx.usage = opened.scanner.usage
+        if opened.scanner.error is not None and ctx.error_code is None:
+            ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
+    if ctx.status != 499:
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof(tail)
+    return resp

@@ -1,0 +1,163 @@
+"""One request through the stages: prepare (validate, shape, route) -> admit -> dispatch ->
+prefix expectation, and the bookkeeping when it ends.
+
+Every endpoint and every fan-out item runs these functions; the HTTP layer only reads the
+body and writes the answer. :class:`Stages` is built once, by the app, from the resources
+it started (``gateway.http.app`` is the one place that wires them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from gateway.api.protocol import ChatCompletionRequest, check_limits, validate
+from gateway.auth.limits import Limiter
+from gateway.config import Settings
+from gateway.context import RequestContext
+from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
+from gateway.errors import PermissionDeniedError
+from gateway.routing.escalation import escalation_route
+from gateway.routing.resolve import Route
+from gateway.shaping.service import ShapingState, pop_gateway_metadata
+from gateway.store.writer import StatsWriter
+from gateway.telemetry import tracing
+from gateway.telemetry.record import FinishedRequest, finished_request
+
+Sink = Callable[[FinishedRequest], None]
+
+
+@dataclass(slots=True, frozen=True)
+class Stages:
+    """The stages a request runs through, and the sinks its finished record goes to."""
+
+    settings: Settings
+    shaping: ShapingState
+    dispatcher: Dispatcher
+    limiter: Limiter
+    stats: StatsWriter
+    sinks: tuple[Sink, ...]
+
+
+async def run_unary(
+    stages: Stages,
+    ctx: RequestContext,
+    schema: type[BaseModel],
+    endpoint: str,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+) -> UnaryResult:
+    """A non-stream request, prepared, admitted and answered; a fast chat answer that fails
+    the policy's escalation check is asked again, once, of the escalation tier."""
+    route = _prepare(stages, ctx, schema, body, headers)
+    await _admit(stages, ctx)
+    result = await stages.dispatcher.unary(ctx, route, endpoint, body)
+    # Only a chat answer is checked: every check reads its message.
+    if endpoint == "/chat/completions":
+        escalation = escalation_route(ctx.snapshot.policy, route, body, result.body)
+        if escalation is not None:
+            ctx.escalated, stronger = escalation
+            _set_route(ctx, stronger)
+            result = await stages.dispatcher.unary(ctx, stronger, endpoint, body)
+    stages.shaping.prefix_hit(ctx)
+    return result
+
+
+async def open_stream(
+    stages: Stages,
+    ctx: RequestContext,
+    schema: type[BaseModel],
+    endpoint: str,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+) -> OpenStream:
+    """A stream request, prepared, admitted and opened: its first bytes are in hand."""
+    route = _prepare(stages, ctx, schema, body, headers)
+    await _admit(stages, ctx)
+    ctx.stream = True
+    opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body)
+    stages.shaping.prefix_hit(ctx)
+    return opened
+
+
+def finish(stages: Stages, ctx: RequestContext) -> None:
+    """Hand the finished request's record to every sink (called off the latency path)."""
+    if ctx.finished_at is None:
+        ctx.finished_at = time.perf_counter()
+    done = finished_request(ctx)
+    for sink in stages.sinks:
+        sink(done)
+
+
+def _prepare(
+    stages: Stages,
+    ctx: RequestContext,
+    schema: type[BaseModel],
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+) -> Route:
+    """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
+    template) come from headers or ``metadata`` and are not sent upstream."""
+    settings = stages.settings
+    check_limits(
+        body,
+        max_depth=settings.max_json_depth,
+        max_messages=settings.max_messages,
+        max_content_parts=settings.max_content_parts,
+    )
+    validate(schema, body)
+    ctx.requested_model = body["model"]
+    hints = pop_gateway_metadata(body)
+    if ctx.span is not None:
+        tracing.request_attributes(ctx, body)
+    if schema is ChatCompletionRequest:
+        template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
+        with tracing.child(ctx, "shape") as span:
+            stages.shaping.shape(ctx, body, stages.stats, template)
+            if span is not None and ctx.shape is not None:
+                span.set_attributes(
+                    {
+                        "switchyard.template": ctx.shape.template,
+                        "switchyard.moved_segments": ctx.shape.moved,
+                        "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
+                    }
+                )
+    dispatcher = stages.dispatcher
+    hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
+    with tracing.child(ctx, "route") as span:
+        route = ctx.snapshot.router.resolve(body, hint, dispatcher.available, dispatcher.pool.in_flight)
+        _set_route(ctx, route)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "switchyard.tier": route.tier or "",
+                    "switchyard.route_reason": route.header(),
+                    "switchyard.candidates": list(route.deployments),
+                }
+            )
+    key = ctx.key
+    if key is not None and not key.allows(ctx.requested_model, route.tier):
+        raise PermissionDeniedError(
+            f"The key '{key.name}' may not use the model '{ctx.requested_model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
+    return route
+
+
+async def _admit(stages: Stages, ctx: RequestContext) -> None:
+    """Take this request from its key's rate limits and budget (429 when over)."""
+    key = ctx.key
+    if key is None or not key.limited:
+        return
+    admission = await stages.limiter.admit(key)
+    ctx.response_headers.update(admission.headers)
+
+
+def _set_route(ctx: RequestContext, route: Route) -> None:
+    ctx.tier = route.tier
+    ctx.route_reason = route.header()
