@@ -673,6 +673,11 @@ async def admin_dashboard(request: web.Request) -> web.Response:
     return await _redis_report(request, request.app[DASHBOARD].report)
 
 
+async def root_redirect(request: web.Request) -> web.Response:
+    """``GET /``: a browser pointed at the gateway lands on the dashboard."""
+    return web.Response(status=302, headers={"Location": "/dashboard"})
+
+
 async def dashboard_page(request: web.Request) -> web.Response:
     """``GET /dashboard``: the static page (its data comes from ``/admin/dashboard``)."""
     return web.Response(
@@ -846,6 +851,7 @@ def create_app(
     app.router.add_get("/admin/stats", admin_stats)
     app.router.add_get("/admin/dashboard", admin_dashboard)
     app.router.add_get("/dashboard", dashboard_page)
+    app.router.add_get("/", root_redirect)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/dispatch", admin_dispatch)
     app.router.add_post("/admin/keys", admin_create_key)
