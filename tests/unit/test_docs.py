@@ -6,6 +6,7 @@ relative link, anchors included, resolves."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -138,3 +139,33 @@ def test_the_readme_keeps_the_ci_command_markers() -> None:
     text = (ROOT / "README.md").read_text()
     for marker in ("<!-- serve-command -->", "<!-- test-command -->"):
         assert re.search(re.escape(marker) + r"\n```sh\n.+\n```", text), marker
+
+
+REPO_PATH = re.compile(r"`((?:gateway|local_backend|tests|bench|deploy|policies)/[\w./-]*)")
+MODULE_PATH = re.compile(r"`((?:gateway|local_backend)(?:\.\w+)+)")
+
+
+def test_files_and_modules_the_docs_name_exist() -> None:
+    """A doc that names a file or a Python object must follow it when it moves."""
+    missing = []
+    for path in DOCS:
+        text = path.read_text()
+        for name in REPO_PATH.findall(text):
+            if not (ROOT / name.rstrip(".")).exists():
+                missing.append(f"{path.name}: {name}")
+        for dotted in MODULE_PATH.findall(text):
+            parts = dotted.split(".")
+            for cut in range(len(parts), 0, -1):
+                try:
+                    obj: object = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[cut:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    missing.append(f"{path.name}: {dotted}")
+                break
+            else:
+                missing.append(f"{path.name}: {dotted}")
+    assert not missing, missing
