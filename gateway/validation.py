@@ -8,16 +8,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: Any) -> Any:
-    """Accept seconds as a number or a string with a unit: ``150ms``, ``2s``, ``1.5m``, ``1h``."""
+    """Accept seconds as a number or a string with a unit: ``150ms``, ``2s``, ``1.5m``, ``1h``, ``2d``."""
     if isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
-            raise ValueError(f"not a duration: {value!r} (use seconds, or a number with ms, s, m or h)")
+            raise ValueError(f"not a duration: {value!r} (use seconds, or a number with ms, s, m, h or d)")
         return float(match.group(1)) * _UNIT_S[match.group(2)]
     return value
 

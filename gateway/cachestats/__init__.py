@@ -222,6 +222,23 @@ class Accounting:
             },
         }
 
+    async def minute_totals(self, minutes: range) -> list[dict[str, int]]:
+        """For each minute of ``minutes`` (Unix minutes), every counter summed over all
+        deployments, keys and templates: the points of the dashboard's cache charts."""
+        pipe = self._redis.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(_bucket(minute))
+        out = []
+        for reply in await pipe.execute():
+            totals = dict.fromkeys(METRICS, 0)
+            for raw_field, raw_value in reply.items():
+                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                metric = name.rsplit("|", 1)[-1]
+                if metric in totals:
+                    totals[metric] += int(raw_value)
+            out.append(totals)
+        return out
+
     async def costs(self, days: int) -> dict[str, Any]:
         """Requests, tokens and USD per UTC day (newest first), each split by key and by deployment."""
         now = time.time()

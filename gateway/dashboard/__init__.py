@@ -7,13 +7,13 @@ error, retry, hedge and fallback counts, its tier, its cost, and one log-spaced 
 bucket for each of TTFT, inter-token latency and end-to-end time, per (deployment, key),
 in 1-minute buckets kept 48 h (the cache-stats retention). ``GET /admin/dashboard`` reads
 a window of them; percentiles come from the buckets (each 10 % wide, so a percentile is
-within ±5 % of the exact one). ``GET /dashboard`` is a static page that polls that API.
+within ±5 % of the exact one), and folds the minutes into time series for the charts.
+``GET /dashboard`` is a static page that polls that API and draws them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +23,8 @@ from redis.asyncio import Redis
 
 from gateway.auth.bearer import bearer_token
 from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
+from gateway.dashboard.histogram import LATENCIES, bucket_of, bucket_value_ms, percentile_ms
+from gateway.dashboard.series import SeriesBuilder
 from gateway.policy import Policy
 from gateway.store.writer import StatsWriter
 
@@ -30,41 +32,16 @@ if TYPE_CHECKING:
     from gateway.telemetry.record import FinishedRequest
 
 PAGE = Path(__file__).with_name("static") / "index.html"
-LATENCIES = ("ttft", "itl", "e2e")
-BASE_MS = 0.1
-GROWTH = 1.1
-_LOG_GROWTH = math.log(GROWTH)
 _NANO = 1e9
-
-
-def bucket_of(ms: float) -> int:
-    """The histogram bucket of a latency: bucket ``i`` holds (0.1 ms * 1.1^(i-1), 0.1 ms * 1.1^i]."""
-    if ms <= BASE_MS:
-        return 0
-    return math.ceil(math.log(ms / BASE_MS) / _LOG_GROWTH)
-
-
-def bucket_value_ms(index: int) -> float:
-    """The figure a bucket reports: the geometric middle of its bounds."""
-    if index <= 0:
-        return BASE_MS
-    return BASE_MS * float(GROWTH ** (index - 0.5))
-
-
-def percentile_ms(buckets: dict[int, int], q: float) -> float | None:
-    """The ``q`` quantile (0-1) of a bucketed distribution, or None when it is empty."""
-    total = sum(buckets.values())
-    if not total:
-        return None
-    rank = max(1, math.ceil(q * total))
-    seen = 0
-    for index in sorted(buckets):
-        seen += buckets[index]
-        if seen >= rank:
-            return round(bucket_value_ms(index), 3)
-    return None  # pragma: no cover - seen reaches total
-
-
+__all__ = [
+    "LATENCIES",
+    "PAGE",
+    "DashboardStats",
+    "bucket_of",
+    "bucket_value_ms",
+    "key_label",
+    "percentile_ms",
+]
 MAX_KEYS = 4096
 OTHER_KEYS = "key_other"
 _labels: dict[str, str] = {}
@@ -180,11 +157,14 @@ class DashboardStats:
             pipe.hgetall(_minute_key(minute))
         rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(_empty)
         tiers: dict[str, int] = defaultdict(int)
-        for reply in await pipe.execute():
+        series = SeriesBuilder(minutes, BUCKET_S)
+        for minute, reply in zip(minutes, await pipe.execute(), strict=True):
+            point = series.point_of(minute)
             for raw_field, raw_value in reply.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
                 deployment, key, metric = name.split("|", 2)
                 value = int(raw_value)
+                series.add(point, deployment, metric, value)
                 row = rows[deployment, key]
                 if metric.startswith("h:"):
                     _, latency, index = metric.split(":")
@@ -202,6 +182,8 @@ class DashboardStats:
             by_key[key][deployment] = _summary(counts)
         routed = sum(tiers.values())
         cache = await self._accounting.report(policy, since_s)
+        for minute, cache_totals in zip(minutes, await self._accounting.minute_totals(minutes), strict=True):
+            series.add_cache(series.point_of(minute), cache_totals)
         return {
             "since_s": since_s,
             "generated_at": time.time(),
@@ -234,4 +216,5 @@ class DashboardStats:
                     for t in cache["templates"]
                 ],
             },
+            "series": series.result(),
         }

@@ -208,5 +208,6 @@ def create_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/dashboard", ops.dashboard_page)
+    app.router.add_get("/", ops.root_redirect)
     app.add_subapp("/admin/", admin_app())
     return app

@@ -83,6 +83,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
+async def root_redirect(request: web.Request) -> web.Response:
+    """``GET /``: a browser pointed at the gateway lands on the dashboard."""
+    return web.Response(status=302, headers={"Location": "/dashboard"})
+
+
 async def dashboard_page(request: web.Request) -> web.Response:
     """``GET /dashboard``: the static page (its data comes from ``/admin/dashboard``)."""
     return web.Response(

@@ -82,6 +82,23 @@ def shown(driver: Any) -> dict[str, tuple[str, str]]:
     return {k: (f, text) for k, f, text in rows}
 
 
+def chart_lines(driver: Any, chart: str) -> dict[str, list[float]]:
+    """The values of every point drawn in one chart, by line (the page's SVG circles)."""
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll(`svg[data-chart='${arguments[0]}'] circle`))"
+        ".map(e => [e.dataset.line, Number(e.dataset.v)])",
+        chart,
+    )
+    lines: dict[str, list[float]] = {}
+    for line, value in rows:
+        lines.setdefault(line, []).append(value)
+    return lines
+
+
+def chart_sum(driver: Any, chart: str, line: str) -> float:
+    return sum(chart_lines(driver, chart).get(line, []))
+
+
 def wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -127,6 +144,17 @@ def test_dashboard_shows_the_api_figures_and_refreshes(
     assert sum(1 for p in figures if p.startswith("keys/")) == 3 * 6  # alpha: 2 models, beta: 1
     breaking = [text for p, (_, text) in figures.items() if p.endswith("breaking_segment") and text != NONE]
     assert breaking and breaking[0].startswith("#")
+    # The charts draw the same traffic: every point is a circle carrying the API's value.
+    assert chart_sum(browser, "requests", "requests") == 9
+    assert chart_sum(browser, "tiers", "fast") == 5 and chart_sum(browser, "tiers", "strong") == 4
+    assert chart_sum(browser, "cost", "cost") == pytest.approx(data["totals"]["cost_usd"])
+    e2e_lines = chart_lines(browser, "e2e_ms")
+    assert {"sim-fast p50", "sim-fast p95", "sim-strong p50", "sim-strong p95"} <= set(e2e_lines)
+    assert max(e2e_lines["sim-fast p95"]) == max(
+        v for v in data["series"]["deployments"]["sim-fast"]["e2e_ms"]["p95"] if v is not None
+    )
+    assert len(chart_lines(browser, "ttft_ms")["sim-strong p50"]) == 1  # the one stream
+    assert set(chart_lines(browser, "cache")) == {"reported", "expected"}
     browser.save_screenshot(str(output_dir / "dashboard.png"))
 
     # Live: new traffic shows up without reloading the page.
@@ -135,3 +163,4 @@ def test_dashboard_shows_the_api_figures_and_refreshes(
         client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "again"}])
     wait_for(lambda: shown(browser)["deployments/sim-fast/requests"][1] == "7")
     assert shown(browser)["totals/requests"][1] == "11"
+    wait_for(lambda: chart_sum(browser, "requests", "requests") == 11)
