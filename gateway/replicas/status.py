@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from gateway._model import Issue
 from gateway.config import PolicyError, PolicySnapshot
+from gateway.replicas.launch import VllmLaunch
+from gateway.replicas.launch_plan import LaunchError, plan_replicas
 from gateway.replicas.upstream import ReplicaSetUpstream
 from gateway.upstream import UpstreamPool
-from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
 
-SUPERVISOR = web.AppKey("vllm_supervisor", SupervisorThread)
+
+class LaunchSupervisor(Protocol):
+    """What the gateway reads from the supervisor of its ``launch:`` servers
+    (the local backend's ``SupervisorThread``, started by the runner)."""
+
+    def status(self) -> dict[str, list[dict[str, Any]]]:
+        """Each deployment's supervised processes, JSON-ready."""
+        ...
+
+
+SUPERVISOR: web.AppKey[LaunchSupervisor] = web.AppKey("vllm_supervisor")
 """Set when this gateway process itself supervises the ``launch:`` servers."""
 
 
@@ -42,7 +53,7 @@ def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str,
 
 
 def replica_status(
-    pool: UpstreamPool, deployments: list[str], supervisor: SupervisorThread | None
+    pool: UpstreamPool, deployments: list[str], supervisor: LaunchSupervisor | None
 ) -> dict[str, Any]:
     """For ``/admin/replicas``: each replica-backed deployment's routing state and vLLM figures,
     plus the supervised processes when this gateway runs them."""
