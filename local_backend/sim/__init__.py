@@ -92,7 +92,7 @@ sent: bool), ``body_keys`` (sorted top-level keys of the body), ``stream_options
 clears stats, fault rules, caches and metrics, and re-seeds the RNGs.
 """
 
-from local_backend.sim._app import create_app, embedding_vector
+from local_backend.sim._app import create_app
 from local_backend.sim._cli import main, run
 from local_backend.sim._config import (
     ModelProfile,
@@ -158,7 +158,6 @@ __all__ = [
     "config_from_args",
     "config_from_mapping",
     "create_app",
-    "embedding_vector",
     "is_cacheable",
     "json_answer",
     "load_config_file",

@@ -77,7 +77,6 @@ class Replica:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -188,7 +187,6 @@ class Replica:
             start_new_session=True,
             preexec_fn=child_preexec,
         )
-        self._proc = proc
         self.pid = proc.pid
         _log.info(
             "vllm_starting",
