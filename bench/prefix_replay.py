@@ -12,7 +12,7 @@ after the stable block, as prompt shaping does; ``--shaping none`` sends it as w
 Each run sends its own ``cache_salt`` (vLLM >= 0.9), so runs do not share cache entries.
 
 Prints one summary line, or one JSON object with ``--json``. Only aiohttp (a gateway
-dependency) is needed; ``local_backend.vllm_backend`` reads the metrics.
+dependency) is needed; ``gateway.replicas.vllm_metrics`` reads the metrics.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_backend.vllm_backend import VllmFigures, figures_from_text, interval
+from gateway.replicas.vllm_metrics import VllmFigures, figures_from_text, interval
 
 RULES = [
     "Answer in the customer's language; keep answers under 120 words unless asked for detail.",

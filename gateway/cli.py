@@ -134,9 +134,9 @@ def _register_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _register_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from local_backend.cli import register
+    from local_backend.vllm import register_cli
 
-    register(sub)
+    register_cli(sub)
 
 
 REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [

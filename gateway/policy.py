@@ -14,11 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
 from gateway.shaping.policy import ShapingPolicy
 from gateway.validation import Issue, StrictModel
-from local_backend.vllm_backend import VllmLaunch
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -49,13 +49,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new uvloop loop when uvloop is installed, else asyncio's default loop."""
     try:
         import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on :func:`new_event_loop`'s loop (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main)
 
 

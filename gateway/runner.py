@@ -25,7 +25,7 @@ from gateway.procutil import child_preexec, free_port, run_async, wait_http_ok
 from gateway.store.embedded import EmbeddedRedis
 
 if TYPE_CHECKING:
-    from local_backend.vllm_backend import SupervisorThread
+    from gateway.replicas.status import LaunchSupervisor
 
 _log = structlog.get_logger("switchyard")
 _WORKER_ENV = "SWITCHYARD_WORKER_SETTINGS"
@@ -94,7 +94,7 @@ def serve(settings: Settings) -> int:
     return 0  # pragma: no cover - the with block always returns
 
 
-def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> SupervisorThread | None:
+def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> LaunchSupervisor | None:
     """Start the vLLM servers the policy's ``launch:`` blocks ask for (in this, the parent,
     process: with --workers every worker routes to them, none starts its own). They are
     read once, at start; they stop, drained, when the gateway stops."""
@@ -103,7 +103,7 @@ def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> Superv
     launches = launches_of(holder.current)
     if not launches:
         return None
-    from local_backend.vllm_backend import SupervisorThread
+    from local_backend.vllm import SupervisorThread
 
     def on_reload(snapshot: PolicySnapshot) -> None:
         now = {n: d.launch for n, d in snapshot.policy.deployments.items() if d.launch is not None}
@@ -119,7 +119,7 @@ def _serve_one(
     settings: Settings,
     holder: PolicyHolder | None,
     reuse_port: bool = False,
-    supervisor: SupervisorThread | None = None,
+    supervisor: LaunchSupervisor | None = None,
 ) -> int:
     from gateway.http import create_app, serve
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from local_backend.sim import render_chat
+from gateway.prompt_render import render_chat
 
 CHECKPOINT_BYTES = 512
 CHECKPOINT_TOKENS = 128

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -49,6 +49,7 @@ from gateway.http.state import (
     TRACING,
 )
 from gateway.pipeline import Stages
+from gateway.replicas.status import LaunchSupervisor
 from gateway.shaping.service import ShapingState
 from gateway.store import connect
 from gateway.store.writer import StatsWriter
@@ -56,9 +57,6 @@ from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
-
-if TYPE_CHECKING:
-    from local_backend.vllm_backend import SupervisorThread
 
 
 @contextlib.asynccontextmanager
@@ -171,7 +169,7 @@ def create_app(
     settings: Settings,
     holder: PolicyHolder | None = None,
     tracer: tracing.Tracing | None = None,
-    supervisor: SupervisorThread | None = None,
+    supervisor: LaunchSupervisor | None = None,
 ) -> web.Application:
     """The gateway application for ``settings`` (the policy is loaded here unless given).
 

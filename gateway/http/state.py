@@ -4,7 +4,7 @@ from here (a leaf module: it wires nothing)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from redis.asyncio import Redis
@@ -17,14 +17,12 @@ from gateway.context import RequestContext
 from gateway.dashboard import DashboardStats
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.pipeline import Stages
+from gateway.replicas.status import LaunchSupervisor
 from gateway.shaping.service import ShapingState
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import UpstreamPool
-
-if TYPE_CHECKING:
-    from local_backend.vllm_backend import SupervisorThread
 
 SETTINGS = web.AppKey("settings", Settings)
 POLICY = web.AppKey("policy", PolicyHolder)
@@ -33,7 +31,7 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 SHAPING = web.AppKey("shaping", ShapingState)
 METRICS = web.AppKey("metrics", Metrics)
 TRACING: web.AppKey[tracing.Tracing | None] = web.AppKey("tracing")
-SUPERVISOR: web.AppKey[SupervisorThread | None] = web.AppKey("vllm_supervisor")
+SUPERVISOR: web.AppKey[LaunchSupervisor | None] = web.AppKey("vllm_supervisor")
 """The ``launch:`` servers' supervisor, when this gateway process runs them."""
 REDIS = web.AppKey("redis", Redis)
 STATS = web.AppKey("stats", StatsWriter)

@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from pydantic import Field, field_validator
 
+from gateway.replicas.launch import VllmLaunch
 from gateway.validation import Issue, Seconds, StrictModel
-from local_backend.vllm_backend import VllmLaunch
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 

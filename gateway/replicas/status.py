@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config import PolicyError, PolicySnapshot
+from gateway.replicas.launch import VllmLaunch
+from gateway.replicas.launch_plan import LaunchError, plan_replicas
 from gateway.replicas.upstream import ReplicaSetUpstream
 from gateway.upstream import UpstreamPool
 from gateway.validation import Issue
-from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
+
+
+class LaunchSupervisor(Protocol):
+    """What the gateway reads from the supervisor of its ``launch:`` servers
+    (the local backend's ``SupervisorThread``, started by the runner)."""
+
+    def status(self) -> dict[str, list[dict[str, Any]]]:
+        """Each deployment's supervised processes, JSON-ready."""
+        ...
 
 
 def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str, Any]]:
@@ -26,7 +36,7 @@ def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str,
 
 
 def replica_status(
-    pool: UpstreamPool, deployments: list[str], supervisor: SupervisorThread | None
+    pool: UpstreamPool, deployments: list[str], supervisor: LaunchSupervisor | None
 ) -> dict[str, Any]:
     """For ``/admin/replicas``: each replica-backed deployment's routing state and vLLM figures,
     plus the supervised processes when this gateway runs them."""

@@ -24,9 +24,9 @@ from gateway.errors import UpstreamUnavailableError
 from gateway.policy import Deployment
 from gateway.replicas.affinity import HashRing, affinity_key, choose
 from gateway.replicas.policy import DEFAULT_REPLICAS, ReplicaSetPolicy, replica_urls
+from gateway.replicas.vllm_metrics import IntervalFigures, VllmFigures, figures_from_text, interval
 from gateway.upstream.base import Upstream, UpstreamResponse
 from gateway.upstream.openai import OpenAICompatible
-from local_backend.vllm_backend import IntervalFigures, VllmFigures, figures_from_text, interval
 
 _log = structlog.get_logger("switchyard.replicas")
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.procutil import free_port
-from tests.fixtures.fakevllm import FakeVllm
+from tests.fixtures.fake_vllm_harness import FakeVllm
 from tests.helpers import GatewayProcess, free_ports, http_json
 
 

@@ -138,7 +138,7 @@ def test_the_schema_describes_launch_and_replicas() -> None:
 
 def test_the_shipped_launch_example_is_valid() -> None:
     from gateway.config import load_policy
-    from local_backend.vllm_backend import plan_replicas
+    from gateway.replicas.launch_plan import plan_replicas
     from tests.helpers import ROOT
 
     found = load_policy(ROOT / "policies/examples/vllm-launch.yaml", env={})

@@ -11,7 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from local_backend.sim import ModelProfile, SimConfig, SimControl, SimThread, render_chat, token_count
+from gateway.prompt_render import render_chat
+from local_backend.sim import ModelProfile, SimConfig, SimControl, SimThread, token_count
 
 SYSTEM = "You are a careful assistant. " * 10
 

@@ -6,7 +6,7 @@
 # Needs: an NVIDIA GPU, `pip install -e '.[local]'` (vLLM), and the model's weights in the
 # Hugging Face cache (or network access to fetch them, or MODEL=/path/to/weights).
 #
-#   local_backend/gpu_check.sh [MODEL]
+#   local_backend/vllm/gpu_check.sh [MODEL]
 #
 # Environment (defaults): MODEL (Qwen/Qwen2.5-0.5B-Instruct), VLLM_PORT (8011),
 # GATEWAY_PORT (8090), REQUESTS (200), CONCURRENCY (8), STARTUP_TIMEOUT_S (900),
@@ -18,7 +18,7 @@
 # the replay moves the volatile line itself (--shaping client), which is what shaping does.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 MODEL=${1:-${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}}
 VLLM_PORT=${VLLM_PORT:-8011}
 GATEWAY_PORT=${GATEWAY_PORT:-8090}

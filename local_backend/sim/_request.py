@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from local_backend._sim_config import ModelProfile
-from local_backend._sim_faults import (
+from local_backend.sim._config import ModelProfile
+from local_backend.sim._faults import (
     NO_FAULTS,
     FaultPlan,
     FaultSpec,
@@ -20,7 +20,7 @@ from local_backend._sim_faults import (
     build_plan,
     parse_fault_specs,
 )
-from local_backend._sim_state import SimState
+from local_backend.sim._state import SimState
 
 MAX_LIST_INPUTS = 2048
 MAX_CONTEXT_TOKENS = 8192  # only quoted by the context_length fault's message

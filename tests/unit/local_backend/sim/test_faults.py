@@ -6,8 +6,15 @@ import random
 
 import pytest
 
-from local_backend._sim_faults import FaultTable, build_plan
-from local_backend.sim import FaultRule, FaultSpecError, parse_fault_rule, parse_fault_spec, parse_fault_specs
+from local_backend.sim import (
+    FaultRule,
+    FaultSpecError,
+    FaultTable,
+    build_plan,
+    parse_fault_rule,
+    parse_fault_spec,
+    parse_fault_specs,
+)
 
 
 def test_spec_values_and_defaults() -> None:

@@ -1,4 +1,4 @@
-"""Supervising vllm serve, with tests/fixtures/fake_vllm.py on PATH as ``vllm``: real processes,
+"""Supervising vllm serve, with tests/fixtures/fake_vllm_program.py on PATH as ``vllm``: real processes,
 real HTTP health checks, real signals."""
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import pytest
 import structlog
 
 from gateway.procutil import free_port
-from local_backend.vllm_backend import ReplicaState, Supervisor, VllmLaunch, plan_replicas
-from tests.fixtures.fakevllm import FakeVllm
+from gateway.replicas.launch import VllmLaunch
+from gateway.replicas.launch_plan import plan_replicas
+from local_backend.vllm import ReplicaState, Supervisor
+from tests.fixtures.fake_vllm_harness import FakeVllm
 from tests.helpers import ROOT, free_ports
 
 T = TypeVar("T")

@@ -17,7 +17,6 @@ import enum
 import os
 import re
 import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -27,7 +26,9 @@ import aiohttp
 import structlog
 
 from gateway.procutil import child_preexec
-from local_backend._vllm_config import ReplicaPlan, VllmLaunch, plan_replicas
+from gateway.replicas.launch import VllmLaunch
+from gateway.replicas.launch_plan import ReplicaPlan, plan_replicas
+from local_backend._loop_thread import LoopThread
 
 _log = structlog.get_logger("switchyard.vllm")
 
@@ -76,7 +77,6 @@ class Replica:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -187,7 +187,6 @@ class Replica:
             start_new_session=True,
             preexec_fn=child_preexec,
         )
-        self._proc = proc
         self.pid = proc.pid
         _log.info(
             "vllm_starting",
@@ -387,49 +386,24 @@ class SupervisorThread:
 
     def __init__(self, launches: Mapping[str, VllmLaunch], environ: Mapping[str, str] | None = None) -> None:
         self.supervisor = Supervisor(launches, environ)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._started = threading.Event()
-        self._done: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, name="switchyard-vllm", daemon=True)
-
-    def _main(self) -> None:
         # The default loop (not uvloop): its child watcher works from any thread.
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve())
-        finally:
-            loop.close()
-
-    async def _serve(self) -> None:
-        self._done = asyncio.Event()
-        await self.supervisor.start()
-        self._started.set()
-        await self._done.wait()
-        await self.supervisor.stop()
+        self._thread = LoopThread("switchyard-vllm", asyncio.new_event_loop)
 
     def status(self) -> dict[str, list[dict[str, Any]]]:
-        """The supervisor's status, read on its own loop."""
-        loop = self._loop
-        if loop is None or not self._started.is_set() or loop.is_closed():
-            return {}
+        """The supervisor's status, read on its own loop (empty when it is not running)."""
 
         async def read() -> dict[str, list[dict[str, Any]]]:
             return self.supervisor.status()
 
         try:
-            return asyncio.run_coroutine_threadsafe(read(), loop).result(2.0)
+            return self._thread.call(read(), timeout_s=2.0)
         except (RuntimeError, TimeoutError):
             return {}
 
     def __enter__(self) -> SupervisorThread:
-        self._thread.start()
-        self._started.wait(10.0)
+        self._thread.start(self.supervisor.start, self.supervisor.stop)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        loop, done = self._loop, self._done
-        if loop is not None and done is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(done.set)
         drain = max((launch.drain_timeout_s for launch in self.supervisor.launches.values()), default=0.0)
-        self._thread.join(drain + 15.0)
+        self._thread.stop(join_timeout_s=drain + 15.0)

@@ -7,14 +7,14 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_backend._sim_stats import ModelMetrics, render_metrics
-from local_backend.vllm_backend import (
+from gateway.replicas.vllm_metrics import (
     VllmFigures,
     figures_from_text,
     histogram_quantile,
     interval,
     parse_prometheus_text,
 )
+from local_backend.sim import ModelMetrics, render_metrics
 
 # vLLM 0.5/0.6 (V0 engine): gpu_* names, a hit-rate gauge, no hit/query counters.
 V0_TEXT = """\

@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from local_backend._sim_config import SimConfig
-from local_backend._sim_faults import FaultRule
-from local_backend._sim_generate import generate
-from local_backend._sim_request import (
+from gateway.prompt_render import render_chat
+from local_backend.sim._config import SimConfig
+from local_backend.sim._faults import FaultRule
+from local_backend.sim._generate import generate
+from local_backend.sim._request import (
     JSON_TYPE,
     Call,
     Reset,
@@ -33,9 +34,9 @@ from local_backend._sim_request import (
     require_model,
     sleep_until,
 )
-from local_backend._sim_state import SIM_STATE, SimState
-from local_backend._sim_stats import render_metrics
-from local_backend._sim_tokens import render_chat, token_count
+from local_backend.sim._state import SIM_STATE, SimState
+from local_backend.sim._stats import render_metrics
+from local_backend.sim._tokens import token_count
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -242,8 +243,13 @@ async def _reset(request: web.Request) -> web.StreamResponse:
     return _json({"reset": True})
 
 
-def build_app(config: SimConfig) -> web.Application:
-    """The application; serve it with ``handler_cancellation=True`` (see ``sim.serve``)."""
+def create_app(config: SimConfig) -> web.Application:
+    """The simulator as an aiohttp application.
+
+    Serve it with ``handler_cancellation=True`` (as :func:`~local_backend.sim.serve` and
+    aiohttp's test server do): that is how a client that goes away cancels its request and
+    is counted ``cancelled``. The state is ``app[SIM_STATE]``.
+    """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SIM_STATE] = SimState(config)
     add_get, add_post = app.router.add_get, app.router.add_post

@@ -8,8 +8,8 @@ from typing import Any, get_args
 
 import yaml
 
-from local_backend._sim_faults import FaultRule, parse_fault_rule
-from local_backend._sim_tokens import CacheModel
+from local_backend.sim._faults import FaultRule, parse_fault_rule
+from local_backend.sim._tokens import CacheModel
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The simulator's tokenizer, block-hash prefix cache and canned answers.
 
 The definitions here are the contract the rest of Switchyard builds on (see the
-docstring of :mod:`local_backend.sim`); keep them simple and keep them stable.
+docstring of :mod:`local_backend.sim`); keep them simple and keep them stable. How a
+chat body becomes prompt bytes is the gateway's: :mod:`gateway.prompt_render`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,8 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
-
-import orjson
 
 CacheModel = Literal["vllm", "openai", "none"]
 
@@ -20,54 +19,6 @@ BYTES_PER_TOKEN = 4
 OPENAI_MIN_CACHED_TOKENS = 1024
 OPENAI_CACHE_INCREMENT_TOKENS = 128
 HASH_BYTES = 16
-
-
-def _text_bytes(text: str) -> bytes:
-    # surrogatepass: JSON may carry lone surrogates ("\ud800"); a tokenizer must not crash on them.
-    return text.encode("utf-8", "surrogatepass")
-
-
-def content_bytes(content: object) -> bytes:
-    """A message's ``content`` as prompt bytes: text parts concatenated, other parts as JSON."""
-    if content is None:
-        return b""
-    if isinstance(content, str):
-        return _text_bytes(content)
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                out.append(_text_bytes(part["text"]))
-            else:
-                out.append(orjson.dumps(part))
-        return b"".join(out)
-    return orjson.dumps(content)
-
-
-def render_chat(body: Mapping[str, object]) -> bytes:
-    """The prompt a chat template would render for a chat request body.
-
-    Each tool as ``orjson.dumps(tool)`` in request order (no separator), then each
-    message as ``<|role|>\\n{content}{tool_calls JSON}\\n``. Message fields other than
-    ``role``, ``content`` and ``tool_calls`` are not part of the prompt.
-    """
-    parts: list[bytes] = []
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        parts.extend(orjson.dumps(tool) for tool in tools)
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            role = message.get("role")
-            parts.append(b"<|" + _text_bytes(role if isinstance(role, str) else "") + b"|>\n")
-            parts.append(content_bytes(message.get("content")))
-            tool_calls = message.get("tool_calls")
-            if tool_calls:
-                parts.append(orjson.dumps(tool_calls))
-            parts.append(b"\n")
-    return b"".join(parts)
 
 
 def token_count(text: bytes) -> int:

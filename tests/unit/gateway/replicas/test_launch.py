@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from local_backend.vllm_backend import (
-    FLAG_OF_KNOB,
-    LaunchError,
-    VllmLaunch,
-    load_launch_file,
-    plan_replicas,
-)
+from gateway.replicas.launch import FLAG_OF_KNOB, VllmLaunch
+from gateway.replicas.launch_plan import LaunchError, plan_replicas
 
 
 def argv_of(environ: dict[str, str] | None = None, **knobs: Any) -> list[str]:
@@ -292,20 +286,6 @@ def test_knob_flag_table_names_real_flags() -> None:
     assert FLAG_OF_KNOB["max_num_seqs"] == "--max-num-seqs"
     assert FLAG_OF_KNOB["speculative"] == "--speculative-config"
     assert all(flag.startswith("--") for flag in FLAG_OF_KNOB.values())
-
-
-def test_launch_file_errors_name_the_key(tmp_path: Path) -> None:
-    path = tmp_path / "launch.yaml"
-    path.write_text("model: m\nmax_num_seqs: -1\nspeculative: {method: eagle}\ncolour: blue\n")
-    with pytest.raises(LaunchError) as info:
-        load_launch_file(str(path))
-    text = str(info.value)
-    assert f"{path}: max_num_seqs: Input should be greater than or equal to 1" in text
-    assert f"{path}: speculative: speculative method 'eagle' needs a draft model" in text
-    assert f"{path}: colour: unknown key" in text
-    path.write_text("port: 9000\n")
-    with pytest.raises(LaunchError, match="model: required"):
-        load_launch_file(str(path))
 
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None

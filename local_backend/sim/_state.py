@@ -10,10 +10,10 @@ from collections import deque
 
 from aiohttp import web
 
-from local_backend._sim_config import ModelProfile, SimConfig
-from local_backend._sim_faults import FaultTable
-from local_backend._sim_stats import ModelMetrics, SimStats
-from local_backend._sim_tokens import PrefixCache
+from local_backend.sim._config import ModelProfile, SimConfig
+from local_backend.sim._faults import FaultTable
+from local_backend.sim._stats import ModelMetrics, SimStats
+from local_backend.sim._tokens import PrefixCache
 
 
 class Admission:

@@ -9,9 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
-from local_backend._sim_config import ModelProfile
-from local_backend._sim_faults import FaultPlan
-from local_backend._sim_request import (
+from local_backend.sim._config import ModelProfile
+from local_backend.sim._faults import FaultPlan
+from local_backend.sim._request import (
     JSON_TYPE,
     Call,
     abort,
@@ -26,7 +26,7 @@ from local_backend._sim_request import (
     stream_params,
     wants_json,
 )
-from local_backend._sim_tokens import (
+from local_backend.sim._tokens import (
     BYTES_PER_TOKEN,
     JSON_MIN_TOKENS,
     JSON_SUFFIX,
@@ -149,7 +149,6 @@ class _Generation:
         self.offsets: list[float] | None = None  # per-token offsets from first_at, with jitter
         self.max_tokens_out = 0
         self.shift_s = 0.0  # added to every later deadline by a stall that resumes
-        self.emitted_tokens = 0
 
     # timeline
 
@@ -402,7 +401,6 @@ class _Generation:
                     await before_chunk()
                 pending.append(self._piece(events, choice, first, final))
                 written += 1
-                self.emitted_tokens += min(chunk_tokens, choice.tokens - first)
         if faulty:
             await before_chunk()
         if include_usage:

@@ -1,4 +1,4 @@
-"""local_backend/gpu_check.sh end to end without a GPU: fake nvidia-smi and fake vllm (the
+"""local_backend/vllm/gpu_check.sh end to end without a GPU: fake nvidia-smi and fake vllm (the
 executable serves the simulator; an importable stub satisfies the script's `import vllm`)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from gateway.procutil import free_port
-from tests.fixtures.fakevllm import FakeVllm
+from tests.fixtures.fake_vllm_harness import FakeVllm
 from tests.helpers import ROOT
 
-SCRIPT = ROOT / "local_backend" / "gpu_check.sh"
+SCRIPT = ROOT / "local_backend" / "vllm" / "gpu_check.sh"
 
 
 def executable(path: Path, text: str) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_backend.sim import ModelProfile, SimConfig, SimControl, SimThread, render_chat, token_count
+from gateway.prompt_render import render_chat
+from local_backend.sim import ModelProfile, SimConfig, SimControl, SimThread, token_count
 
 LONG = "The lighthouse keeper logs wind, tide and every ship that passes the point. " * 12  # ~900 bytes
 

@@ -9,10 +9,12 @@ import sys
 
 import structlog
 
-from local_backend.vllm_backend import LaunchError, Supervisor, load_launch_file, plan_replicas
+from gateway.replicas.launch_plan import LaunchError, plan_replicas
+from local_backend.vllm._launch_file import load_launch_file
+from local_backend.vllm._supervisor import Supervisor
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``switchyard local ...`` to the CLI."""
     p = sub.add_parser("local", help="run local GPU model servers (vLLM)")
     lsub = p.add_subparsers(dest="local_command", required=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 
-from local_backend._sim_state import Admission, SimState
-from local_backend.sim import SimConfig
+from local_backend.sim import Admission, SimConfig, SimState
 
 
 def test_admission_is_fifo_and_counts_running_and_waiting() -> None:
