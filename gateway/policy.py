@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
-from gateway._model import Issue, StrictModel
+from gateway._model import Issue, StrictModel, one_of
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.providers.registry import PROVIDERS
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
 from gateway.shaping.policy import ShapingPolicy
@@ -35,7 +36,7 @@ class Price(StrictModel):
 class Deployment(StrictModel):
     """One upstream model endpoint that requests can be sent to."""
 
-    provider: Literal["openai", "vllm"] = Field(
+    provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai", description="Wire protocol family; both speak OpenAI's API."
     )
     model: str | None = Field(

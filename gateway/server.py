@@ -58,6 +58,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
     sse_error_event,
 )
+from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import SUPERVISOR, readiness, replica_status
 from gateway.routing.escalation import escalation_reason
 from gateway.routing.resolve import Route, model_names, router_for, tier_route
@@ -68,7 +69,6 @@ from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.telemetry.metrics import Metrics
-from gateway.upstream import UpstreamPool
 
 _log = structlog.get_logger("switchyard.request")
 _log_main = structlog.get_logger("switchyard")

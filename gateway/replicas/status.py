@@ -8,8 +8,8 @@ from aiohttp import web
 
 from gateway._model import Issue
 from gateway.config import PolicyError, PolicySnapshot
+from gateway.providers.pool import UpstreamPool
 from gateway.replicas.upstream import ReplicaSetUpstream
-from gateway.upstream import UpstreamPool
 from local_backend.vllm_backend import LaunchError, SupervisorThread, VllmLaunch, plan_replicas
 
 SUPERVISOR = web.AppKey("vllm_supervisor", SupervisorThread)

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from gateway.dispatch.attempt import status_error
 from gateway.dispatch.budget import Budget, LatencyWindow
 from gateway.dispatch.circuit import Breakers
 from gateway.dispatch.dispatcher import failure_reason, tighten
+from gateway.dispatch.failures import status_error
 from gateway.dispatch.fanout import timeout_override
 from gateway.dispatch.policy import CircuitPolicy, Timeouts
 from gateway.errors import InvalidRequestError, UpstreamError, UpstreamTimeoutError
