@@ -1,4 +1,10 @@
-"""The time dispatch reads and waits on, injectable so tests run on virtual time."""
+"""The time dispatch reads and waits on, injectable so tests run on virtual time.
+
+Backoff, Retry-After cooling, circuit cooldowns, budgets and latency windows read a
+:class:`Clock`. Attempt timeouts and hedge delays are ``asyncio`` timers on the event
+loop's own clock; the dispatcher's unit tests run the loop on virtual time
+(``tests/unit/dispatch/virtual_time.py``) with a clock that reads the loop's time.
+"""
 
 from __future__ import annotations
 
