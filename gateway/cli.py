@@ -13,12 +13,11 @@ from pathlib import Path
 
 import orjson
 
-from gateway import bench
 from gateway.auth import cli as keys_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
-from gateway.dispatch import batch
 from gateway.routing import cli as routing_cli
+from gateway.tools import batch, bench
 
 
 def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -3,7 +3,26 @@
 Every failure a client can see is a :class:`SwitchyardError`. The server turns it
 into ``{"error": {"message", "type", "param", "code"}}`` with the status and headers
 the subclass names, so the official SDKs raise their own typed exceptions
-(``BadRequestError``, ``NotFoundError``, ``RateLimitError`` ...).
+(``BadRequestError``, ``NotFoundError``, ``RateLimitError`` ...)::
+
+    SwitchyardError                   500 server_error
+    ├── InvalidRequestError           400
+    ├── AuthenticationError           401
+    ├── PermissionDeniedError         403
+    ├── NotFoundError                 404
+    │   └── ModelNotFoundError
+    ├── MethodNotAllowedError         405
+    ├── RequestTooLargeError          413
+    ├── RateLimitError                429 (Retry-After)
+    │   └── UpstreamRateLimitError    an upstream's 429 (also an UpstreamError)
+    └── UpstreamError                 502: an upstream failed; parent of every upstream failure
+        ├── UpstreamUnavailableError  503
+        ├── UpstreamTimeoutError      504
+        ├── UpstreamStatusError       an upstream's 4xx about the request, relayed as it said it
+        └── UpstreamRateLimitError
+
+Which upstream failure becomes which class, and whether it is retried or counts against
+a circuit, is :mod:`gateway.dispatch.failures`' table.
 """
 
 from __future__ import annotations
@@ -117,7 +136,7 @@ class RateLimitError(SwitchyardError):
 
     http_status = 429
     error_type = "rate_limit_error"
-    default_code = "rate_limit_exceeded"
+    default_code: ClassVar[str | None] = "rate_limit_exceeded"
 
     def __init__(
         self,
@@ -136,14 +155,23 @@ class RateLimitError(SwitchyardError):
 
 
 class UpstreamError(SwitchyardError):
-    """502: the upstream failed (connection refused or reset, 5xx, malformed answer)."""
+    """502: the upstream failed (connection refused or reset, 5xx, malformed answer).
+
+    The parent of every upstream failure. ``failure`` names its row in
+    :mod:`gateway.dispatch.failures` when dispatch built it from that table.
+    """
 
     http_status = 502
     error_type = "upstream_error"
-    default_code = "upstream_error"
+    default_code: ClassVar[str | None] = "upstream_error"
+    failure: str | None = None
 
 
-class UpstreamUnavailableError(SwitchyardError):
+class UpstreamRateLimitError(RateLimitError, UpstreamError):
+    """429: the upstream is rate limited; carries its Retry-After."""
+
+
+class UpstreamUnavailableError(UpstreamError):
     """503: no deployment can take the request (all down or circuits open)."""
 
     http_status = 503
@@ -151,7 +179,7 @@ class UpstreamUnavailableError(SwitchyardError):
     default_code = "upstream_unavailable"
 
 
-class UpstreamTimeoutError(SwitchyardError):
+class UpstreamTimeoutError(UpstreamError):
     """504: an upstream timeout; ``code`` names which one (``first_token_timeout`` ...)."""
 
     http_status = 504
@@ -159,7 +187,7 @@ class UpstreamTimeoutError(SwitchyardError):
     default_code = "upstream_timeout"
 
 
-class UpstreamStatusError(SwitchyardError):
+class UpstreamStatusError(UpstreamError):
     """An upstream's own 4xx answer, passed to the client with its status and body.
 
     The upstream already speaks OpenAI's format; relaying it keeps its message,
@@ -167,6 +195,7 @@ class UpstreamStatusError(SwitchyardError):
     """
 
     error_type = "invalid_request_error"
+    default_code = None
 
     def __init__(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.body = body

@@ -14,11 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
 from gateway.routing.policy import RoutingPolicy
 from gateway.shaping.policy import ShapingPolicy
-from gateway.validation import Issue, StrictModel
+from gateway.validation import Issue, StrictModel, one_of
 
 RESERVED_MODEL_NAMES = frozenset({"auto"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -35,7 +36,7 @@ class Price(StrictModel):
 class Deployment(StrictModel):
     """One upstream model endpoint that requests can be sent to."""
 
-    provider: Literal["openai", "vllm"] = Field(
+    provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai", description="Wire protocol family; both speak OpenAI's API."
     )
     model: str | None = Field(

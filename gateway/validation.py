@@ -4,9 +4,11 @@ models, durations with units, and problems located by path (``tiers.fast[1]``)."
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -57,3 +59,17 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
+
+
+def one_of(names: Sequence[str]) -> tuple[PlainValidator, WithJsonSchema]:
+    """Metadata for ``Annotated[str, *one_of(names)]``: a string from a table that lives in
+    code (a registry), checked and reported like a ``Literal`` of those names."""
+
+    def check(value: Any) -> str:
+        if isinstance(value, str) and value in names:
+            return value
+        shown = [repr(name) for name in names]
+        expected = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+    return PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(names)})

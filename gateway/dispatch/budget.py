@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
+
+from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
 
 
 class WindowCounter:
     """Counts events in 1-second buckets over the last ``window_s`` seconds."""
 
-    __slots__ = ("_buckets", "_window_s")
+    __slots__ = ("_buckets", "_clock", "_window_s")
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 10.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self._window_s = window_s
+        self._clock = clock
         self._buckets: deque[list[float]] = deque()  # [second, count]
 
     def resize(self, window_s: float) -> None:
         self._window_s = window_s
 
     def add(self, n: float = 1.0) -> None:
-        second = math.floor(time.monotonic())
+        second = math.floor(self._clock.now())
         buckets = self._buckets
         if buckets and buckets[-1][0] == second:
             buckets[-1][1] += n
@@ -29,7 +31,7 @@ class WindowCounter:
         self._trim(second)
 
     def total(self) -> float:
-        self._trim(math.floor(time.monotonic()))
+        self._trim(math.floor(self._clock.now()))
         return sum(count for _, count in self._buckets)
 
     def _trim(self, second: float) -> None:
@@ -43,12 +45,14 @@ class Budget:
 
     __slots__ = ("_extra", "_requests", "min_per_s", "ratio", "refused", "spent", "window_s")
 
-    def __init__(self, ratio: float, min_per_s: float = 0.0, window_s: float = 10.0) -> None:
+    def __init__(
+        self, ratio: float, min_per_s: float = 0.0, window_s: float = 10.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.ratio = ratio
         self.min_per_s = min_per_s
         self.window_s = window_s
-        self._requests = WindowCounter(window_s)
-        self._extra = WindowCounter(window_s)
+        self._requests = WindowCounter(window_s, clock)
+        self._extra = WindowCounter(window_s, clock)
         self.spent = 0
         self.refused = 0
 
@@ -74,9 +78,10 @@ class Budget:
 class LatencyWindow:
     """The last ``size`` latencies of one deployment, with a cached p95."""
 
-    __slots__ = ("_cached", "_cached_at", "_samples")
+    __slots__ = ("_cached", "_cached_at", "_clock", "_samples")
 
-    def __init__(self, size: int = 200) -> None:
+    def __init__(self, size: int = 200, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._samples: deque[float] = deque(maxlen=size)
         self._cached: float | None = None
         self._cached_at = 0.0
@@ -87,7 +92,7 @@ class LatencyWindow:
     def p95(self, min_samples: int = 20) -> float | None:
         if len(self._samples) < min_samples:
             return None
-        now = time.monotonic()
+        now = self._clock.now()
         if self._cached is None or now - self._cached_at > 1.0:
             ordered = sorted(self._samples)
             self._cached = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]

@@ -19,6 +19,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
 from gateway.dispatch.policy import CircuitPolicy
 
 _log = structlog.get_logger("switchyard.circuit")
@@ -43,7 +44,8 @@ class Breaker:
 class Breakers:
     """Every deployment's circuit; ``available(name)`` is what routing and dispatch consult."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._breakers: dict[str, Breaker] = {}
         self.policy = CircuitPolicy()
         self.transitions: dict[tuple[str, str], int] = {}
@@ -52,6 +54,7 @@ class Breakers:
         self._wake = asyncio.Event()
 
     def configure(self, policy: CircuitPolicy) -> None:
+        """Apply a (re)loaded policy's ``dispatch.circuit``."""
         self.policy = policy
 
     def _get(self, name: str) -> Breaker:
@@ -77,7 +80,7 @@ class Breakers:
         if breaker is None or breaker.state == "closed":
             return True
         if breaker.state == "open":
-            if time.monotonic() < breaker.opened_until:
+            if self._clock.now() < breaker.opened_until:
                 return False
             self._move(breaker, "half_open")
             breaker.probes_in_flight = 0
@@ -93,7 +96,7 @@ class Breakers:
             self.policy.enabled
             and breaker is not None
             and breaker.state == "open"
-            and time.monotonic() < breaker.opened_until
+            and self._clock.now() < breaker.opened_until
         )
 
     def record(self, name: str, ok: bool) -> None:
@@ -103,7 +106,7 @@ class Breakers:
             return
         policy = self.policy
         breaker = self._get(name)
-        now = time.monotonic()
+        now = self._clock.now()
         outcomes = breaker.outcomes
         outcomes.append((now, ok))
         while outcomes and outcomes[0][0] < now - policy.window_s:
@@ -146,7 +149,8 @@ class Breakers:
             self._wake.set()
 
     def status(self) -> dict[str, Any]:
-        now = time.monotonic()
+        """Each circuit's state, JSON-ready (for the admin API)."""
+        now = self._clock.now()
         out: dict[str, Any] = {}
         for name, b in self._breakers.items():
             recent = [ok for t, ok in b.outcomes if t >= now - self.policy.window_s]
@@ -190,7 +194,7 @@ class Breakers:
         for name in names:
             pipe.get(KEY_PREFIX + name)
         replies = await pipe.execute()
-        now_wall, now = time.time(), time.monotonic()
+        now_wall, now = time.time(), self._clock.now()
         for name, value in zip(names, replies[len(publish) :], strict=True):
             if value is None:
                 continue

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,47 +21,23 @@ from typing import Any, TypeVar
 
 from gateway.context import RequestContext
 from gateway.dispatch.attempt import OpenStream, UnaryResult, stream_attempt, unary_attempt
+from gateway.dispatch.backoff import full_jitter_s
 from gateway.dispatch.budget import Budget, LatencyWindow
 from gateway.dispatch.circuit import Breakers
+from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
+from gateway.dispatch.failures import failure_reason, is_unwell
 from gateway.dispatch.policy import HedgePolicy, Timeouts
 from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
 from gateway.policy import Policy
+from gateway.providers.base import Provider
+from gateway.providers.pool import UpstreamPool
 from gateway.routing.resolve import Route
 from gateway.telemetry import tracing
-from gateway.upstream import Upstream, UpstreamPool
 
 __all__ = ["Dispatcher", "OpenStream", "UnaryResult", "failure_reason"]
 
 T = TypeVar("T")
-Attempt = Callable[[Upstream, Timeouts], Awaitable[T]]
-
-# Reasons that say the deployment is unwell (counted against its circuit). A client's
-# 4xx, or a 429 (alive, just busy), are not.
-_UNWELL = frozenset(
-    {
-        "connect",
-        "connect_timeout",
-        "first_token_timeout",
-        "total_timeout",
-        "idle_timeout",
-        "upstream_disconnected",
-        "stream_incomplete",
-        "malformed_chunk",
-        "500",
-        "502",
-        "503",
-        "504",
-    }
-)
-_CODE_REASON = {"connect_failed": "connect", "upstream_unavailable": "503"}
-
-
-def failure_reason(exc: SwitchyardError) -> str:
-    """The retry/circuit reason of a failed attempt: the upstream's status, or the error code."""
-    if exc.upstream_status is not None:
-        return str(exc.upstream_status)
-    code = exc.code or ""
-    return _CODE_REASON.get(code, code)
+Attempt = Callable[[Provider, Timeouts], Awaitable[T]]
 
 
 def tighten(timeouts: Timeouts, request: Timeouts | None) -> Timeouts:
@@ -98,11 +73,12 @@ class _Run:
 class Dispatcher:
     """Runs attempts on the deployments a route names; holds the circuits and budgets."""
 
-    def __init__(self, pool: UpstreamPool) -> None:
+    def __init__(self, pool: UpstreamPool, clock: Clock = SYSTEM_CLOCK) -> None:
         self.pool = pool
-        self.breakers = Breakers()
-        self.retry_budget = Budget(0.2, 1.0, 10.0)
-        self.hedge_budget = Budget(0.1, 0.0, 10.0)
+        self.clock = clock
+        self.breakers = Breakers(clock)
+        self.retry_budget = Budget(0.2, 1.0, 10.0, clock)
+        self.hedge_budget = Budget(0.1, 0.0, 10.0, clock)
         self._latency: dict[tuple[str, bool], LatencyWindow] = {}
         self.counters: dict[str, int] = {
             "retries": 0,
@@ -131,6 +107,7 @@ class Dispatcher:
             return False
 
     def status(self) -> dict[str, Any]:
+        """Circuits, counters and budgets, JSON-ready (for the admin API)."""
         return {
             "circuits": self.breakers.status(),
             "counters": dict(self.counters),
@@ -143,7 +120,7 @@ class Dispatcher:
     ) -> UnaryResult:
         """A non-stream request, answered whole."""
 
-        async def attempt(upstream: Upstream, timeouts: Timeouts) -> UnaryResult:
+        async def attempt(upstream: Provider, timeouts: Timeouts) -> UnaryResult:
             return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
 
         return await self._run(ctx, route, attempt, stream=False)
@@ -153,12 +130,12 @@ class Dispatcher:
     ) -> OpenStream:
         """A stream request, returned once its first event arrived (nothing sent to the client yet)."""
 
-        async def attempt(upstream: Upstream, timeouts: Timeouts) -> OpenStream:
+        async def attempt(upstream: Provider, timeouts: Timeouts) -> OpenStream:
             return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
 
         opened = await self._run(ctx, route, attempt, stream=True)
         name = opened.upstream.name
-        opened.on_error = lambda exc: self.breakers.record(name, failure_reason(exc) not in _UNWELL)
+        opened.on_error = lambda exc: self.breakers.record(name, not is_unwell(exc))
         ctx.first_token_at = ctx.last_chunk_at = time.perf_counter()
         ctx.chunks = opened.scanner.chunks
         tracing.first_token(ctx)
@@ -192,7 +169,7 @@ class Dispatcher:
                 raise UpstreamUnavailableError(f"no deployment can take the request now: {why}")
             candidate, wait_s = picked
             if wait_s > 0:
-                await asyncio.sleep(wait_s)
+                await self.clock.sleep(wait_s)
             try:
                 return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
             except SwitchyardError as exc:
@@ -205,7 +182,7 @@ class Dispatcher:
                     # cap is not waited for (another deployment may answer, else the 429 goes out).
                     wait = exc.retry_after_s
                     run.cooling_until[candidate.name] = (
-                        math.inf if wait > retries.retry_after_cap_s else time.monotonic() + wait
+                        math.inf if wait > retries.retry_after_cap_s else self.clock.now() + wait
                     )
                 if not self.retry_budget.try_spend():
                     self.counters["retries_refused_by_budget"] += 1
@@ -217,7 +194,7 @@ class Dispatcher:
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
         """The next candidate and how long to wait first: an untried one at once (a ready one
         first), else the least-tried one after its backoff (or Retry-After)."""
-        now = time.monotonic()
+        now = self.clock.now()
         idle = [c for c in run.candidates if c.name not in run.running]
         fresh = [c for c in idle if c.name not in run.tries]
         # A deployment that is not ready (a vLLM still loading) is tried only when nothing
@@ -231,7 +208,7 @@ class Dispatcher:
             cooling = run.cooling_until.get(candidate.name, 0.0)
             if cooling == math.inf or not self._admit(candidate.name, False):
                 continue
-            backoff = random.uniform(0.0, min(max_s, base_s * 2 ** (run.tries[candidate.name] - 1)))
+            backoff = full_jitter_s(run.tries[candidate.name], base_s, max_s)
             return candidate, max(backoff, cooling - now)
         return None
 
@@ -267,7 +244,7 @@ class Dispatcher:
             ctx.fallback_tier = candidate.tier
             self.counters["fallbacks"] += 1
         timeouts = tighten(ctx.snapshot.timeouts(name, candidate.tier), ctx.timeout_override)
-        started = time.perf_counter()
+        started = self.clock.now()
         with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
             try:
                 try:
@@ -278,7 +255,7 @@ class Dispatcher:
             except SwitchyardError as exc:
                 reason = failure_reason(exc)
                 tracing.attempt_outcome(span, reason or "error", exc.upstream_status)
-                self.breakers.record(name, reason not in _UNWELL)
+                self.breakers.record(name, not is_unwell(exc))
                 raise
             except asyncio.CancelledError:
                 tracing.attempt_outcome(span, "cancelled")
@@ -288,13 +265,13 @@ class Dispatcher:
                 run.running.discard(name)
             tracing.attempt_outcome(span, "ok")
         self.breakers.record(name, True)
-        self._window(name, stream).add(time.perf_counter() - started)
+        self._window(name, stream).add(self.clock.now() - started)
         return result
 
     def _window(self, name: str, stream: bool) -> LatencyWindow:
         window = self._latency.get((name, stream))
         if window is None:
-            window = self._latency[name, stream] = LatencyWindow()
+            window = self._latency[name, stream] = LatencyWindow(clock=self.clock)
         return window
 
     def _hedge_delay(self, name: str, hedge: HedgePolicy, stream: bool) -> float:

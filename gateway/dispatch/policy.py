@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gateway.validation import Seconds, StrictModel
+from gateway.dispatch.failures import DEFAULT_RETRY_ON, RETRYABLE
+from gateway.validation import Seconds, StrictModel, one_of
 
-RetryReason = Literal[
-    "connect",
-    "connect_timeout",
-    "first_token_timeout",
-    "total_timeout",
-    "upstream_disconnected",
-    "stream_incomplete",
-    "malformed_chunk",
-    "429",
-    "500",
-    "502",
-    "503",
-    "504",
-]
-DEFAULT_RETRY_ON: tuple[RetryReason, ...] = (
-    "connect",
-    "connect_timeout",
-    "first_token_timeout",
-    "upstream_disconnected",
-    "malformed_chunk",
-    "429",
-    "500",
-    "502",
-    "503",
-    "504",
-)
+RetryReason = Annotated[str, *one_of(RETRYABLE)]
+"""A row of :mod:`gateway.dispatch.failures` that may be retried."""
 
 
 class Timeouts(StrictModel):

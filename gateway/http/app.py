@@ -49,6 +49,7 @@ from gateway.http.state import (
     TRACING,
 )
 from gateway.pipeline import Stages
+from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
 from gateway.shaping.service import ShapingState
 from gateway.store import connect
@@ -56,7 +57,6 @@ from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
-from gateway.upstream import UpstreamPool
 
 
 @contextlib.asynccontextmanager

@@ -17,12 +17,12 @@ from gateway.context import RequestContext
 from gateway.dashboard import DashboardStats
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.pipeline import Stages
+from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
 from gateway.shaping.service import ShapingState
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
-from gateway.upstream import UpstreamPool
 
 SETTINGS = web.AppKey("settings", Settings)
 POLICY = web.AppKey("policy", PolicyHolder)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gateway.config import PolicyError, PolicySnapshot
+from gateway.providers.pool import UpstreamPool
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.launch_plan import LaunchError, plan_replicas
 from gateway.replicas.upstream import ReplicaSetUpstream
-from gateway.upstream import UpstreamPool
 from gateway.validation import Issue
 
 

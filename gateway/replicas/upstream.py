@@ -22,11 +22,12 @@ import structlog
 
 from gateway.errors import UpstreamUnavailableError
 from gateway.policy import Deployment
+from gateway.providers.base import Provider
+from gateway.providers.transport import HttpTransport, TransportResponse
+from gateway.providers.vllm import VllmProvider
 from gateway.replicas.affinity import HashRing, affinity_key, choose
 from gateway.replicas.policy import DEFAULT_REPLICAS, ReplicaSetPolicy, replica_urls
 from gateway.replicas.vllm_metrics import IntervalFigures, VllmFigures, figures_from_text, interval
-from gateway.upstream.base import Upstream, UpstreamResponse
-from gateway.upstream.openai import OpenAICompatible
 
 _log = structlog.get_logger("switchyard.replicas")
 
@@ -68,7 +69,7 @@ class ReplicaEndpoint:
         "spilled",
     )
 
-    def __init__(self, index: int, base_url: str, client: OpenAICompatible) -> None:
+    def __init__(self, index: int, base_url: str, client: HttpTransport) -> None:
         self.index = index
         self.base_url = base_url
         self.client = client
@@ -125,12 +126,12 @@ class ReplicaEndpoint:
         }
 
 
-class _CountedResponse(UpstreamResponse):
+class _CountedResponse(TransportResponse):
     """The replica's answer; its in-flight count drops when the answer is closed or released."""
 
     __slots__ = ("_done", "_inner", "_replica", "headers", "status")
 
-    def __init__(self, inner: UpstreamResponse, replica: ReplicaEndpoint) -> None:
+    def __init__(self, inner: TransportResponse, replica: ReplicaEndpoint) -> None:
         self._inner = inner
         self._replica = replica
         self._done = False
@@ -157,18 +158,25 @@ class _CountedResponse(UpstreamResponse):
         self._inner.release()
 
 
-class ReplicaSetUpstream(Upstream):
+class ReplicaSetUpstream(VllmProvider):
     """A ``provider: vllm`` deployment with ``launch:`` or ``replicas:``: routes each request
     to one healthy replica (prefix affinity with bounded load, else least loaded), and
     is not :attr:`ready` until a replica answers ``/health``."""
+
+    @classmethod
+    def create(cls, name: str, deployment: Deployment) -> Provider:
+        """The registry's entry for ``provider: vllm``: a replica set for ``launch:`` or
+        ``replicas:``, else the plain one-URL adapter."""
+        if deployment.launch is not None or deployment.replicas is not None:
+            return cls(name, deployment)
+        return VllmProvider(name, deployment)
 
     def __init__(self, name: str, deployment: Deployment) -> None:
         super().__init__(name, deployment)
         self.policy: ReplicaSetPolicy = deployment.replicas or DEFAULT_REPLICAS
         urls = replica_urls(deployment)
         self.replicas = [
-            ReplicaEndpoint(i, url, OpenAICompatible(name, deployment.model_copy(update={"base_url": url})))
-            for i, url in enumerate(urls)
+            ReplicaEndpoint(i, url, HttpTransport(url, deployment)) for i, url in enumerate(urls)
         ]
         self.ring = HashRing(urls)
         self._ties = itertools.count()
@@ -255,7 +263,7 @@ class ReplicaSetUpstream(Upstream):
         while len(replica.history) > 2 and now - replica.history[1][0] >= WINDOW_S:
             replica.history.popleft()
 
-    # -- the Upstream interface --------------------------------------------------------
+    # -- the Provider interface --------------------------------------------------------
 
     @property
     def ready(self) -> bool:
@@ -279,7 +287,7 @@ class ReplicaSetUpstream(Upstream):
         *,
         headers: Mapping[str, str],
         connect_timeout_s: float | None,
-    ) -> UpstreamResponse:
+    ) -> TransportResponse:
         self._ensure_monitor()
         first = self._first_check
         if first is not None and not first.is_set():
@@ -356,11 +364,3 @@ class ReplicaSetUpstream(Upstream):
             self._session = None
         for replica in self.replicas:
             await replica.client.close()
-
-
-def vllm_upstream(name: str, deployment: Deployment) -> Upstream:
-    """The client for a ``provider: vllm`` deployment: a replica set when it has ``launch:`` or
-    ``replicas:``, else a plain OpenAI-compatible client."""
-    if deployment.launch is not None or deployment.replicas is not None:
-        return ReplicaSetUpstream(name, deployment)
-    return OpenAICompatible(name, deployment)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from gateway.dispatch.attempt import status_error
 from gateway.dispatch.budget import Budget, LatencyWindow
 from gateway.dispatch.circuit import Breakers
+from gateway.dispatch.clock import ManualClock
 from gateway.dispatch.dispatcher import failure_reason, tighten
+from gateway.dispatch.failures import status_error
 from gateway.dispatch.fanout import timeout_override
 from gateway.dispatch.policy import CircuitPolicy, Timeouts
 from gateway.errors import InvalidRequestError, UpstreamError, UpstreamTimeoutError
 
+CLOCK = ManualClock()
+
 
 def breakers(**kwargs: object) -> Breakers:
-    b = Breakers()
+    b = Breakers(CLOCK)
     b.configure(CircuitPolicy(shared=False, **kwargs))  # type: ignore[arg-type]
     return b
 
@@ -29,7 +30,7 @@ def test_circuit_opens_after_consecutive_failures_and_probes_after_cooldown() ->
     assert b.available("d")
     b.record("d", False)
     assert not b.available("d") and b.is_open("d")
-    time.sleep(0.25)
+    CLOCK.advance(0.25)
     assert b.available("d")  # the half-open probe
     assert not b.available("d")  # only one probe at a time
     b.record("d", True)
@@ -40,7 +41,7 @@ def test_circuit_opens_after_consecutive_failures_and_probes_after_cooldown() ->
 def test_failed_probe_opens_again() -> None:
     b = breakers(consecutive_failures=1, cooldown_s=0.1)
     b.record("d", False)
-    time.sleep(0.15)
+    CLOCK.advance(0.15)
     assert b.available("d")
     b.record("d", False)
     assert b.is_open("d")
@@ -58,7 +59,7 @@ def test_circuit_opens_on_failure_rate() -> None:
 def test_an_abandoned_probe_frees_its_slot() -> None:
     b = breakers(consecutive_failures=1, cooldown_s=0.05)
     b.record("d", False)
-    time.sleep(0.1)
+    CLOCK.advance(0.1)
     assert b.available("d")
     b.abandon("d")
     assert b.available("d")

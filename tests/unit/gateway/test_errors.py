@@ -1,7 +1,8 @@
 import orjson
 import pytest
 
-from gateway.dispatch.attempt import retry_after_s, status_error
+from gateway.dispatch.backoff import retry_after_s
+from gateway.dispatch.failures import status_error
 from gateway.errors import (
     RateLimitError,
     UpstreamError,

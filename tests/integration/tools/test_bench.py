@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.bench import load_workload
+from gateway.tools.bench import load_workload
 from tests.helpers import ROOT, SimServer, sim_policy
 
 WORKLOAD = """

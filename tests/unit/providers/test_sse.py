@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from gateway.upstream.sse import StreamScanner
+from gateway.providers.sse import StreamScanner
 
 
 def chunk(content: str, usage: object = "absent", choices: bool = True, model: str = "up-model") -> bytes:

@@ -1,19 +1,73 @@
-"""Client for OpenAI-compatible upstreams (OpenAI, vLLM, the simulator, most hosted providers)."""
+"""The HTTP call itself: a :class:`Transport` sends one JSON body and returns at headers.
+
+The only module here that knows aiohttp's client. A provider adapter owns a transport;
+tests give it a :class:`~gateway.providers.mock.MockTransport` instead, so everything
+above the socket (attempts, retries, hedging, circuits) runs without a network.
+"""
 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
-from gateway.policy import Deployment
-from gateway.upstream.base import Upstream, UpstreamResponse
+if TYPE_CHECKING:
+    from gateway.policy import Deployment
 
 
-class _Response(UpstreamResponse):
+class TransportResponse(ABC):
+    """An answer whose headers arrived; the body is read or iterated, then closed."""
+
+    status: int
+    headers: Mapping[str, str]
+
+    @abstractmethod
+    async def read(self) -> bytes:
+        """The whole body."""
+
+    @abstractmethod
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop the connection (an unfinished answer is never returned to the pool)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Return a fully read connection to the pool."""
+
+
+class Transport(ABC):
+    """Sends requests to one base URL. Raises ``aiohttp.ClientError`` subclasses on
+    connection failures (``ClientConnectorError`` when nothing was sent)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests can be sent now (a launched vLLM still loading its model cannot)."""
+        return True
+
+    @abstractmethod
+    async def send(
+        self,
+        endpoint: str,
+        body: Mapping[str, Any],
+        *,
+        headers: Mapping[str, str],
+        connect_timeout_s: float | None,
+    ) -> TransportResponse:
+        """POST ``body`` as JSON to ``endpoint`` (``/chat/completions`` ...); return at headers."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close pooled connections."""
+
+
+class _Response(TransportResponse):
     __slots__ = ("_resp", "headers", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
@@ -35,16 +89,16 @@ class _Response(UpstreamResponse):
         self._resp.release()
 
 
-class OpenAICompatible(Upstream):
-    """One pooled, keep-alive ``ClientSession`` per deployment.
+class HttpTransport(Transport):
+    """One pooled, keep-alive ``ClientSession`` per deployment (or replica).
 
     The API key is read once from the environment variable the policy names and is
     only ever put in the ``Authorization`` header.
     """
 
-    def __init__(self, name: str, deployment: Deployment) -> None:
-        super().__init__(name, deployment)
-        self._base_url = deployment.base_url
+    def __init__(self, base_url: str, deployment: Deployment) -> None:
+        self._base_url = base_url
+        self._max_connections = deployment.max_connections
         headers = {"Content-Type": "application/json", **deployment.headers}
         key = os.environ.get(deployment.api_key_env) if deployment.api_key_env else None
         if key:
@@ -57,15 +111,14 @@ class OpenAICompatible(Upstream):
         # Created lazily so it binds to the running loop, not to whoever built the pool.
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=self.deployment.max_connections,
-                limit_per_host=self.deployment.max_connections,
+                limit=self._max_connections,
+                limit_per_host=self._max_connections,
                 keepalive_timeout=60,
                 ttl_dns_cache=300,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
                 # Timeouts are applied per attempt by dispatch; none here.
                 timeout=aiohttp.ClientTimeout(total=None),
                 skip_auto_headers=("User-Agent",),
@@ -80,15 +133,14 @@ class OpenAICompatible(Upstream):
         *,
         headers: Mapping[str, str],
         connect_timeout_s: float | None,
-    ) -> UpstreamResponse:
-        payload = orjson.dumps(dict(body, model=self.upstream_model))
+    ) -> TransportResponse:
         timeout = self._timeouts.get(connect_timeout_s)
         if timeout is None:
             timeout = self._timeouts[connect_timeout_s] = aiohttp.ClientTimeout(
                 total=None, sock_connect=connect_timeout_s
             )
         resp = await self._get_session().post(
-            self._base_url + endpoint, data=payload, headers=headers, timeout=timeout
+            self._base_url + endpoint, data=orjson.dumps(body), headers=headers, timeout=timeout
         )
         return _Response(resp)
 

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from gateway.dispatch.batch import Bad, Item, Limiter, read_input, repair_and_read_done
+from gateway.tools.batch import Bad, Item, Limiter, read_input, repair_and_read_done
 
 
 def test_bad_lines_are_reported_with_their_number(tmp_path: Path) -> None:

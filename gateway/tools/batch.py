@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import sys
 import time
@@ -28,6 +27,8 @@ from typing import Any, TextIO
 
 import aiohttp
 import orjson
+
+from gateway.dispatch.backoff import full_jitter_s, retry_after_s
 
 ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -214,16 +215,9 @@ async def _send(
                 data = await resp.read()
                 request_id = resp.headers.get("x-request-id")
                 if resp.status in RETRY_STATUSES and attempt < max_retries:
-                    retry_after = resp.headers.get("Retry-After")
-                    delay = (
-                        float(retry_after)
-                        if retry_after and retry_after.replace(".", "", 1).isdigit()
-                        else None
-                    )
-                    await asyncio.sleep(
-                        delay if delay is not None else random.uniform(0, min(30.0, 2.0**attempt))
-                    )
                     attempt += 1
+                    delay = retry_after_s(resp.headers)
+                    await asyncio.sleep(delay if delay is not None else full_jitter_s(attempt, 1.0, 30.0))
                     continue
                 try:
                     body: Any = orjson.loads(data)
@@ -232,8 +226,8 @@ async def _send(
                 return _record(item.custom_id, resp.status, request_id, body, None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if attempt < max_retries:
-                await asyncio.sleep(random.uniform(0, min(30.0, 2.0**attempt)))
                 attempt += 1
+                await asyncio.sleep(full_jitter_s(attempt, 1.0, 30.0))
                 continue
             error = {"code": "request_failed", "message": f"{type(exc).__name__}: {exc}"}
             return _record(item.custom_id, None, None, None, error)

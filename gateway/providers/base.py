@@ -1,0 +1,156 @@
+"""The provider interface: an adapter owns one provider's whole dialect, plus its transport.
+
+Dispatch speaks OpenAI's format (the request body it got, the bytes it forwards) and asks
+the deployment's :class:`Provider` for everything that depends on who answers:
+
+- :meth:`Provider.prepare`: the request as this provider wants it: its model name, its
+  cache hints (``prompt_cache_key``, ``cache_control`` breakpoints), asking for usage on
+  streams;
+- :meth:`Provider.scanner`: the stream's framing and end-of-stream rule, the usage it
+  reports, the response ``model`` rewrite (a :class:`Scanner` per stream);
+- :meth:`Provider.read_answer`: the same for a whole (non-stream) answer;
+- :meth:`Provider.status_failure`: which of its error statuses means rate limited,
+  overloaded, bad credentials or a bad request (a row of :mod:`gateway.dispatch.failures`);
+- :meth:`Provider.send`: the HTTP call, through its :class:`~gateway.providers.transport.Transport`.
+
+Adding a provider is one file: subclass :class:`Provider` (or
+:class:`~gateway.providers.openai.OpenAIProvider` when it mostly speaks OpenAI's
+dialect and overriding only what differs), add its name to
+:data:`gateway.providers.registry.PROVIDERS` (``provider:`` in the policy is checked
+against it), and test it against :class:`~gateway.providers.mock.MockTransport`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.dispatch.failures import http_failure
+from gateway.providers.transport import HttpTransport, Transport, TransportResponse
+
+if TYPE_CHECKING:
+    from gateway.policy import Deployment
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHints:
+    """What shaping found about the request's stable prefix, for the provider's cache hints."""
+
+    prefix_hash: str
+    head_stable_chars: int
+    """Characters of the first message's string content that are stable (0: none)."""
+    head_stable_parts: int
+    """Leading parts of the first message's list content that are stable (0: none)."""
+    prompt_cache_key: bool
+    """The policy allows sending ``prompt_cache_key`` (``shaping.prompt_cache_key``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request body in the provider's dialect, and what the gateway added to it."""
+
+    body: Mapping[str, Any]
+    strip_usage: bool = False
+    """The gateway asked for stream usage on the client's behalf: drop it before forwarding."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole answer as the client gets it, with the usage it reported (OpenAI's shape:
+    ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``)."""
+
+    body: bytes
+    usage: dict[str, Any] | None
+
+
+class Scanner(Protocol):
+    """Reads one streamed answer as it passes through: feed bytes, forward what comes back.
+
+    A scanner cuts the stream at event boundaries (an event is never split across two
+    writes), applies the response ``model`` rewrite, and records what the gateway needs.
+    """
+
+    done: bool
+    """The provider's end-of-stream marker arrived: the answer is complete."""
+    chunks: int
+    """Blocks of complete events forwarded so far."""
+    usage: dict[str, Any] | None
+    """The usage the stream reported (OpenAI's shape), once it did."""
+    error: dict[str, Any] | None
+    """An error event the provider sent inside the stream."""
+    malformed: bytes | None
+    """The start of an event that cannot be valid; the stream must end with an error."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take upstream bytes; return the bytes to forward now (possibly none)."""
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes received after the last complete event (a cut-off event)."""
+
+
+class Provider(ABC):
+    """One deployment's provider: its dialect and its transport, created once per deployment
+    and shared by every request to it. Subclasses are registered by name in
+    :data:`gateway.providers.registry.PROVIDERS`."""
+
+    def __init__(self, name: str, deployment: Deployment, transport: Transport | None = None) -> None:
+        self.name = name
+        self.deployment = deployment
+        self.upstream_model = deployment.model or name
+        self.transport = (
+            transport if transport is not None else HttpTransport(deployment.base_url, deployment)
+        )
+
+    @classmethod
+    def create(cls, name: str, deployment: Deployment) -> Provider:
+        """The provider for ``deployment`` (the pool calls this; a subclass may pick a variant)."""
+        return cls(name, deployment)
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests can be sent now (a launched vLLM still loading its model cannot)."""
+        return self.transport.ready
+
+    def shown_model(self, requested_model: str | None) -> str | None:
+        """The ``model`` the client sees (``response_model``), or ``None`` to leave the provider's."""
+        shown = self.deployment.response_model
+        if shown == "deployment":
+            return self.name
+        if shown == "requested":
+            return requested_model
+        return None
+
+    @abstractmethod
+    def prepare(self, body: Mapping[str, Any], *, stream: bool, hints: CacheHints | None) -> PreparedRequest:
+        """The OpenAI-format ``body`` rewritten for this provider (model name, cache hints,
+        stream usage). Must not change ``body`` itself: hedged attempts share it."""
+
+    @abstractmethod
+    def scanner(self, *, strip_usage: bool, shown_model: str | None) -> Scanner:
+        """A fresh scanner for one streamed answer."""
+
+    @abstractmethod
+    def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
+        """A whole successful answer: its usage, and the body with the ``model`` rewrite applied."""
+
+    def status_failure(self, status: int) -> str:
+        """The :mod:`gateway.dispatch.failures` row of an error status this provider answered."""
+        return http_failure(status)
+
+    async def send(
+        self,
+        endpoint: str,
+        body: Mapping[str, Any],
+        *,
+        headers: Mapping[str, str],
+        connect_timeout_s: float | None,
+    ) -> TransportResponse:
+        """POST a prepared ``body`` to ``endpoint``; return at headers."""
+        return await self.transport.send(endpoint, body, headers=headers, connect_timeout_s=connect_timeout_s)
+
+    async def close(self) -> None:
+        """Close the transport's pooled connections."""
+        await self.transport.close()

@@ -1,0 +1,88 @@
+"""OpenAI's dialect (Chat Completions, Completions, Embeddings), spoken by OpenAI itself and
+most hosted and self-hosted providers: the request passes through with the deployment's
+model name, streams are SSE ending in ``data: [DONE]``, usage is OpenAI's object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
+from gateway.providers.sse import StreamScanner
+
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+class OpenAIProvider(Provider):
+    """``provider: openai``."""
+
+    sends_prompt_cache_key = True
+    """Whether the provider routes by ``prompt_cache_key`` (OpenAI does; others may reject it)."""
+
+    def prepare(self, body: Mapping[str, Any], *, stream: bool, hints: CacheHints | None) -> PreparedRequest:
+        out = dict(body, model=self.upstream_model)
+        if hints is not None and hints.prefix_hash:
+            self._add_cache_hints(out, hints)
+        strip_usage = False
+        if stream and self.deployment.stream_usage and not _wants_usage(out):
+            out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+            strip_usage = True
+        return PreparedRequest(out, strip_usage)
+
+    def _add_cache_hints(self, body: dict[str, Any], hints: CacheHints) -> None:
+        """OpenAI's ``prompt_cache_key`` (the stable prefix's hash, when the client set none),
+        and a ``cache_control`` breakpoint at the end of the stable prefix for a deployment
+        with ``cache_breakpoints``."""
+        if self.sends_prompt_cache_key and hints.prompt_cache_key and "prompt_cache_key" not in body:
+            body["prompt_cache_key"] = hints.prefix_hash
+        messages = body.get("messages")
+        if not self.deployment.cache_breakpoints or not isinstance(messages, list) or not messages:
+            return
+        head = messages[0]
+        content = head.get("content") if isinstance(head, dict) else None
+        parts: list[Any] | None = None
+        if isinstance(content, str) and hints.head_stable_chars:
+            cut = hints.head_stable_chars
+            parts = [{"type": "text", "text": content[:cut], "cache_control": _EPHEMERAL}]
+            if content[cut:]:
+                parts.append({"type": "text", "text": content[cut:]})
+        elif (
+            isinstance(content, list)
+            and hints.head_stable_parts
+            and isinstance(content[hints.head_stable_parts - 1], dict)
+        ):
+            parts = list(content)
+            last = hints.head_stable_parts - 1
+            parts[last] = {**parts[last], "cache_control": _EPHEMERAL}
+        if parts is not None:
+            body["messages"] = [{**head, "content": parts}, *messages[1:]]
+
+    def scanner(self, *, strip_usage: bool, shown_model: str | None) -> StreamScanner:
+        return StreamScanner(
+            strip_usage=strip_usage,
+            model_from=self.upstream_model if shown_model is not None else None,
+            model_to=shown_model,
+        )
+
+    def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
+        if not content_type.startswith("application/json"):
+            return Answer(body, None)
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return Answer(body, None)
+        if not isinstance(obj, dict):
+            return Answer(body, None)
+        usage = obj.get("usage")
+        usage = usage if isinstance(usage, dict) else None
+        if shown_model is not None and "model" in obj:
+            obj["model"] = shown_model
+            return Answer(orjson.dumps(obj), usage)
+        return Answer(body, usage)
+
+
+def _wants_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True

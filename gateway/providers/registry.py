@@ -1,0 +1,15 @@
+"""Provider name (a deployment's ``provider:`` in the policy) -> the adapter class that speaks it.
+
+The table names each adapter by its import path rather than importing it: the policy checks
+``provider:`` against these names, and the adapters themselves are built from a policy's
+deployments, so importing them here would tie the policy to every adapter in a circle.
+"""
+
+from __future__ import annotations
+
+PROVIDERS: dict[str, str] = {
+    "openai": "gateway.providers.openai:OpenAIProvider",
+    # A vLLM deployment is one URL or, with launch:/replicas:, a set of replicas the gateway watches.
+    "vllm": "gateway.replicas.upstream:ReplicaSetUpstream",
+}
+"""Every provider a policy may name (the policy check rejects any other), with its adapter."""

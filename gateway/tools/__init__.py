@@ -1,0 +1,1 @@
+"""Client-side programs that are not request stages: ``switchyard batch`` and ``switchyard bench``."""

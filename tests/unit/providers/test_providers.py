@@ -1,0 +1,65 @@
+"""Provider adapters: the dialect each one owns (request rewrite, answers, status classes)."""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.config import PolicyError, parse_policy
+from gateway.providers.base import CacheHints
+from gateway.providers.openai import OpenAIProvider
+from gateway.providers.registry import PROVIDERS
+from gateway.providers.vllm import VllmProvider
+
+HINTS = CacheHints("abc123", 5, 0, prompt_cache_key=True)
+
+
+def deployment(provider: str = "openai", extra: str = "") -> object:
+    policy = parse_policy(
+        f'deployments:\n  d: {{provider: {provider}, base_url: "http://d/v1", model: up{extra}}}\n'
+        "tiers: {fast: [d], strong: [d]}\n",
+        "t.yaml",
+    )
+    return policy.deployments["d"]
+
+
+def test_openai_sends_its_model_cache_key_and_asks_for_stream_usage() -> None:
+    provider = OpenAIProvider("d", deployment())  # type: ignore[arg-type]
+    prepared = provider.prepare({"model": "fast", "messages": []}, stream=True, hints=HINTS)
+    assert prepared.body["model"] == "up" and prepared.body["prompt_cache_key"] == "abc123"
+    assert prepared.body["stream_options"] == {"include_usage": True} and prepared.strip_usage
+
+
+def test_vllm_differs_only_in_not_sending_prompt_cache_key() -> None:
+    provider = VllmProvider("d", deployment("vllm"))  # type: ignore[arg-type]
+    prepared = provider.prepare({"model": "fast", "messages": []}, stream=False, hints=HINTS)
+    assert "prompt_cache_key" not in prepared.body and prepared.body["model"] == "up"
+
+
+def test_answer_usage_and_model_rewrite() -> None:
+    provider = OpenAIProvider("d", deployment(extra=", response_model: deployment"))  # type: ignore[arg-type]
+    body = orjson.dumps({"model": "up", "usage": {"prompt_tokens": 4}})
+    answer = provider.read_answer(body, "application/json", provider.shown_model("fast"))
+    assert orjson.loads(answer.body)["model"] == "d" and answer.usage == {"prompt_tokens": 4}
+
+
+def test_status_classes() -> None:
+    provider = OpenAIProvider("d", deployment())  # type: ignore[arg-type]
+    assert [provider.status_failure(s) for s in (429, 401, 404, 408, 503, 520, 422)] == [
+        "429",
+        "upstream_auth_failed",
+        "upstream_not_found",
+        "upstream_timed_out",
+        "503",
+        "upstream_failed",
+        "client_error",
+    ]
+
+
+def test_policy_names_only_registered_providers() -> None:
+    assert set(PROVIDERS) == {"openai", "vllm"}
+    try:
+        deployment("anthropic")
+    except PolicyError as exc:
+        assert "deployments.d.provider: Input should be 'openai' or 'vllm'" in str(exc)
+    else:
+        raise AssertionError("an unknown provider was accepted")
