@@ -5,13 +5,14 @@ A chat-completions request is translated to a Messages request
 stable prefix (:mod:`gateway.shaping.breakpoints`), and the answer or its stream comes
 back as chat completions (:mod:`gateway.dialects.anthropic_response`). Auth is
 ``x-api-key`` from the deployment's ``api_key_env`` plus ``anthropic-version``; an HTTP 529
-``overloaded_error`` is an overload (retried and counted like a 503).
+``overloaded_error`` is an overload: it reaches dispatch as a 503 (with Anthropic's body), so
+``retries.retry_on``, circuits, spans and logs treat it as one without a row of its own.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -38,6 +39,27 @@ class _Refused(dict[str, Any]):
     def __init__(self, error: SwitchyardError) -> None:
         super().__init__()
         self.error = error
+
+
+class _Overloaded(TransportResponse):
+    """A 529 answer seen as the 503 it means (see the module docstring)."""
+
+    def __init__(self, resp: TransportResponse) -> None:
+        self._resp = resp
+        self.status = 503
+        self.headers = resp.headers
+
+    async def read(self) -> bytes:
+        return await self._resp.read()
+
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        return self._resp.iter_chunks()
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def release(self) -> None:
+        self._resp.release()
 
 
 class AnthropicProvider(Provider):
@@ -100,9 +122,10 @@ class AnthropicProvider(Provider):
             raise body.error
         if endpoint != "/chat/completions":
             raise unsupported("endpoint", f"{endpoint} has no Messages API equivalent")
-        return await self.transport.send(
+        resp = await self.transport.send(
             "/messages", body, headers=headers, connect_timeout_s=connect_timeout_s
         )
+        return _Overloaded(resp) if resp.status == OVERLOADED else resp
 
     def scanner(self, *, strip_usage: bool, shown_model: str | None) -> MessagesStreamScanner:
         return MessagesStreamScanner(strip_usage=strip_usage, shown_model=shown_model)

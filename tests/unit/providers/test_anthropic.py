@@ -301,3 +301,22 @@ def test_gateway_breakpoints_from_the_stable_prefix_keep_the_clients_own() -> No
     marks = orjson.dumps(out).count(b"cache_control")
     assert marks == 4  # tools, system, previous turn + the client's own on the last message
     assert body["messages"][0]["content"].endswith("2026-12-03.")  # the client's body is untouched
+
+
+def test_a_529_reaches_dispatch_as_a_503_with_anthropics_body() -> None:
+    async def overloaded(request: MockRequest) -> MockResponse:
+        return MockResponse.json(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, 529
+        )
+
+    p, _ = provider(overloaded)
+
+    async def run() -> tuple[int, bytes]:
+        prepared = p.prepare(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]}, stream=False, hints=None
+        )
+        resp = await p.send("/chat/completions", prepared.body, headers={}, connect_timeout_s=None)
+        return resp.status, await resp.read()
+
+    status, body = asyncio.run(run())
+    assert status == 503 and b"overloaded_error" in body
