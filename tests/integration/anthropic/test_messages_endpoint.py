@@ -126,3 +126,28 @@ def test_an_overloaded_anthropic_deployment_is_retried(
         assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     finally:
         both_sim.clear_faults()
+
+
+def test_the_request_line_names_the_endpoint_with_key_tokens_and_cost(
+    client: anthropic.Anthropic, gateway: GatewayProcess
+) -> None:
+    raw = client.messages.with_raw_response.create(model="claude", max_tokens=8, messages=ASK)
+    rid = raw.headers["x-request-id"]
+    line = gateway.wait_log(lambda entry: entry.get("request_id") == rid)
+    assert line["endpoint"] == "/v1/messages" and line["deployment"] == "claude" and line["status"] == 200
+    assert line["key_id"] and line["prompt_tokens"] > 0 and line["cost_usd"] > 0
+
+
+def test_a_stream_cut_after_it_started_ends_with_an_error_event(
+    client: anthropic.Anthropic, both_sim: SimServer
+) -> None:
+    both_sim.set_fault("claude-sim", "reset_mid_stream=3", count=1)
+    try:
+        stream = client.messages.stream(model="claude", max_tokens=64, messages=ASK)
+        with pytest.raises(anthropic.APIStatusError) as cut, stream as events:
+            for _ in events:
+                pass
+        assert cut.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+        assert "broke the stream" in cut.value.body["error"]["message"]  # type: ignore[index]
+    finally:
+        both_sim.clear_faults()
