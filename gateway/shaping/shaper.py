@@ -329,7 +329,9 @@ def _last_user_index(messages: list[Any]) -> int:
 
 
 def _cut_rag(text: str, markers: list[tuple[str, str]]) -> tuple[str, str]:
-    """Take the first marked retrieval block out of ``text``; (rest, block)."""
+    """Take the marked retrieval block out of ``text``; (rest, block). Text with two blocks of
+    one kind is left as it is: which one is the retrieved one is a guess, and moving either
+    would reorder them on every pass."""
     for start_marker, end_marker in markers:
         start = text.find(start_marker)
         if start < 0:
@@ -338,6 +340,8 @@ def _cut_rag(text: str, markers: list[tuple[str, str]]) -> tuple[str, str]:
         if end < 0:
             continue
         end += len(end_marker)
+        if text.find(start_marker, end) >= 0:
+            return text, ""
         before, block, after = text[:start].rstrip("\n"), text[start:end], text[end:].lstrip("\n")
         if not before.strip() and not after.strip():
             return text, ""  # nothing but the block: nothing to move it past

@@ -137,6 +137,15 @@ def test_marked_retrieval_context_moves_as_one_block_after_the_instructions_when
     assert result.head_stable_chars == len("You are Acme's assistant.\nCite the passages by number.")
 
 
+def test_two_retrieval_blocks_of_one_kind_stay_where_they_are() -> None:
+    # Moving the first of two would swap them on every pass (found by the property test below).
+    system = "<context>\n</context>\n<context>\nYou are helpful.\n</context>"
+    body = request(system, ("user", "last"))
+    result = shaper(rag={"enabled": True}, placement="end_of_system").shape(body)
+    assert body["messages"][0]["content"] == system
+    assert not result.rag_moved
+
+
 def test_array_content_moves_whole_text_parts_and_never_an_image() -> None:
     image = {"type": "image_url", "image_url": {"url": "https://x.test/0123456789abcdef0123.png"}}
     parts = [
