@@ -157,12 +157,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if router.classifier is None:
         raise SystemExit("the policy has no routing.classifier to evaluate")
     clf = router.classifier
-    scores = [clf.strong_probability(extract(body_of(row))) for row in rows]
+    features = [extract(body_of(row)) for row in rows]
     name = policy.routing.classifier.name if policy.routing.classifier else "?"
-    print(f"classifier: {name}, threshold {policy.routing.threshold:g}")
+    if args.folds > 1:
+        if name != "ngram":
+            raise SystemExit("--folds refits the ngram classifier: the policy's classifier is not ngram")
+        from gateway.routing.ngram_fit import FitOptions, cross_validated_scores
+
+        scores = cross_validated_scores(rows, features, args.folds, FitOptions())
+        print(f"classifier: ngram refitted on {args.folds} held-out folds (by domain, else by id)")
+    else:
+        scores = [clf.strong_probability(f) for f in features]
+        print(f"classifier: {name}, threshold {policy.routing.threshold:g}")
     found = quality_by_bench(rows, scores, args.points)
     for bench, one in found:
-        print_quality(bench, one, policy.routing.threshold)
+        print_quality(bench, one, None if args.folds > 1 else policy.routing.threshold)
     if args.plot:
         plot_quality(found, args.plot)
     return 0
@@ -181,4 +190,10 @@ def register_eval(rsub: argparse._SubParsersAction[argparse.ArgumentParser], pol
     evaluate.add_argument("--output-tokens", type=int, default=256, help="assumed answer length for the cost")
     evaluate.add_argument("--points", type=int, default=200, help="score quantiles on the curve")
     evaluate.add_argument("--plot", help="write the quality curve as a PNG")
+    evaluate.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        help="ngram: score each fold with a model refitted without it (held out by domain, else id)",
+    )
     evaluate.set_defaults(func=cmd_eval)

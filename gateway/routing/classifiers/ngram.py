@@ -40,7 +40,7 @@ FORMAT = "switchyard-ngram/1"
 # One character to one character, so str.translate takes its fast path on ASCII text:
 # digits fold to 0 (a number counts by its shape, not its value), punctuation splits words.
 _FOLD = str.maketrans("0123456789" + string.punctuation, "0" * 10 + " " * len(string.punctuation))
-_MEMO_LIMIT = 200_000  # distinct words and pairs remembered per classifier; about 30 MB at most
+_MEMO_LIMIT = 100_000  # distinct words and pairs remembered per classifier; about 15 MB at most
 
 Key = str | tuple[str, str]
 

@@ -152,3 +152,19 @@ def test_explain_names_the_words_that_drove_the_score(
     ngrams = [line.split()[0] for line in shown.splitlines() if line.startswith("  '")]
     assert len(ngrams) >= 3 and "length" in shown  # words and pairs read from this request
     assert all(gram.strip("'") in "solve the integral of x 0 dx" for gram in ngrams)
+
+
+def test_eval_on_held_out_folds_refits_the_ngram_classifier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "q.jsonl"
+    _quality_rows(data)
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + "routing:\n  classifier: {name: ngram}\n")
+    assert main(["route", "eval", str(data), "--policy", str(policy_file), "--folds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "refitted on 3 held-out folds" in out and float(out.split("APGR")[1].split()[0]) > 0.6
+    policy_file.write_text(BASE + "routing:\n  classifier: {bias: -1.0, weights: {reasoning_cues: 4.0}}\n")
+    with pytest.raises(SystemExit) as info:
+        main(["route", "eval", str(data), "--policy", str(policy_file), "--folds", "3"])
+    assert "refits the ngram classifier" in str(info.value)
