@@ -1,7 +1,7 @@
 """``switchyard route explain | fit | calibrate | eval``: read, fit and check a routing policy.
 
 ``eval`` lives in :mod:`gateway.routing.evaluate`, the ``ngram`` fit in
-:mod:`gateway.routing.fit_ngram`; this module registers them all.
+:mod:`gateway.routing.fit_command`; this module registers them all.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gateway.routing.datafiles import body_of, has_quality, load_rows, policy_fr
 from gateway.routing.datafiles import labels as _labels
 from gateway.routing.evaluate import register_eval
 from gateway.routing.features import FEATURE_NAMES, extract
-from gateway.routing.fit_ngram import cmd_fit_ngram, register_fit_options
+from gateway.routing.fit_command import cmd_fit_ngram, register_fit_options
 from gateway.routing.quality import threshold_for_share
 from gateway.routing.resolve import Router
 

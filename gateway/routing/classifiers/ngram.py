@@ -5,9 +5,9 @@ user message, or its first and last 600 characters when longer, so an 8k-token p
 costs what a 300-token one does — each hashed with CRC-32 and weighted from a fitted
 table, their sum scaled by 1/sqrt(count); (b) a fixed weight on the log of the last user
 message's length; and (c) optionally, the normalized shape features the ``linear``
-classifier reads (the shipped weights use none). The table ships in the package (``ngram_weights.json``,
-fitted by ``switchyard route fit --classifier ngram``) and holds hashes and weights
-only, no words. Words are lowercased, digits folded to ``0`` (numbers count by their
+classifier reads (the shipped weights use none). The table ships in the package
+(``ngram_weights.json``, fitted by ``switchyard route fit --classifier ngram``) and holds
+hashes and weights only, no words. Words are lowercased, digits folded to ``0`` (numbers count by their
 shape, not their value), punctuation splits them.
 
 The request path is pure Python: the hash of each word or word pair is looked up once
