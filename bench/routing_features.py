@@ -1,10 +1,14 @@
 """Cost of routing a request: feature extraction and the whole routing decision.
 
-    python bench/routing_features.py [--tokens 2000] [--runs 2000]
+    python bench/routing_features.py [--tokens 8000] [--runs 2000]
 
 Prints the median and p99 microseconds per call (perf_counter around each call, after a
 warm-up), for a chat request whose last user message is about --tokens tokens of prose,
-a code block and a few questions.
+a code block and a few questions: feature extraction, then the whole decision with the
+``linear`` classifier and with the ``ngram`` one (shipped weights). The ngram classifier
+memoizes each word's weight per process, so it is timed twice: warm (the words seen
+before, as common words are in steady traffic) and cold (the memo emptied before every
+call, every word hashed afresh).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ routing:
     weights: {prompt_tokens: 1.57, last_user_chars: 1.67, code_density: 0.74, math_density: 0.29,
               reasoning_cues: 3.35, questions: -0.38, non_ascii_share: 0.53}
 """
+NGRAM_POLICY = POLICY.split("  classifier:")[0] + "  classifier: {name: ngram}\n"
 
 
 def body_of(tokens: int) -> dict[str, object]:
@@ -65,7 +70,7 @@ def timed(fn: object, runs: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=8000)
     parser.add_argument("--runs", type=int, default=2000)
     args = parser.parse_args()
     body = body_of(args.tokens)
@@ -74,9 +79,23 @@ def main() -> None:
         timed(fn, 200)
     f50, f99 = timed(lambda: extract(body), args.runs)
     r50, r99 = timed(lambda: router.resolve(body), args.runs)
+    ngram = Router(parse_policy(NGRAM_POLICY, "bench"))
+    memo = ngram.classifier._memo  # type: ignore[union-attr]
+    timed(lambda: ngram.resolve(body), 200)
+    w50, w99 = timed(lambda: ngram.resolve(body), args.runs)
+
+    def cold() -> None:
+        memo.clear()
+        ngram.resolve(body)
+
+    c50, c99 = timed(cold, args.runs)
     print(f"prompt of about {args.tokens} tokens ({args.tokens * 4} characters), {args.runs} runs")
-    print(f"feature extraction : median {f50:6.1f} us   p99 {f99:6.1f} us")
-    print(f"whole routing      : median {r50:6.1f} us   p99 {r99:6.1f} us   (rules, classifier, order too)")
+    print(f"feature extraction      : median {f50:6.1f} us   p99 {f99:6.1f} us")
+    print(
+        f"routing, linear         : median {r50:6.1f} us   p99 {r99:6.1f} us   (rules, classifier, order too)"
+    )
+    print(f"routing, ngram (warm)   : median {w50:6.1f} us   p99 {w99:6.1f} us")
+    print(f"routing, ngram (cold)   : median {c50:6.1f} us   p99 {c99:6.1f} us   (every word hashed again)")
 
 
 if __name__ == "__main__":

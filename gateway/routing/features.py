@@ -5,7 +5,8 @@ string operations, not a tokenizer or a parse: the estimate of prompt tokens is
 characters / 4 (OpenAI's rule of thumb for English), and the text features (code, math,
 reasoning cues, questions, script) read the last user message — what decides how hard
 the request is — or, when it is long, its first and last 600 characters, so the cost
-does not grow with the prompt.
+does not grow with the prompt. That same bounded sample is kept as ``Features.text`` for
+the classifiers that read words.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Features:
     non_ascii_share: float
     hint: str | None
     model: str
+    text: str = ""
+    """The last user message, or its first and last 600 characters when longer: what content
+    classifiers read (bounded, so their cost does not grow with the prompt)."""
 
     def vector(self) -> dict[str, float]:
         """Each feature scaled to about [0, 1], so weights are comparable."""
@@ -166,4 +170,5 @@ def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
         non_ascii_share=min(1.0, (len(sample.encode()) - len(sample)) / (2 * n)),
         hint=hint,
         model=str(body.get("model", "")),
+        text=sample,
     )

@@ -135,3 +135,19 @@ def test_a_malformed_routing_block_on_reload_keeps_the_old_policy(
     assert (
         ask(gateway, "Prove it").headers["x-switchyard-model"] == "sim-strong"
     )  # the old classifier still routes
+
+
+def test_the_shipped_ngram_classifier_routes_auto_by_what_is_asked(sim: SimServer, make_gateway: Any) -> None:
+    sim.reset()
+    gw: GatewayProcess = make_gateway(policy(sim, "  classifier: {name: ngram}\n  threshold: 0.5"))
+    short = ask(gw, "hi")
+    assert short.headers["x-switchyard-route"].startswith("tier=fast; score=")
+    long_question = (
+        "A train leaves the station at 3 pm travelling at 60 miles per hour, and a second train leaves "
+        "the same station two hours later at 80 miles per hour on a parallel track. Each stop costs "
+        "the first train 12 minutes and there are four stops before the city. How many miles from the "
+        "station does the second train catch up, and at what time? Show each step of the calculation."
+    ) * 3
+    scores = [float(ask(gw, t).headers["x-switchyard-route"].split("score=")[1].split(";")[0])
+              for t in ("hi", long_question)]  # fmt: skip
+    assert scores[1] > scores[0]

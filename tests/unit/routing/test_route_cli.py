@@ -98,3 +98,73 @@ def test_explain_prints_features_score_and_choice(tmp_path: Path, capsys: pytest
     )
     assert main(["route", "explain", "--policy", str(policy_file), str(request)]) == 0
     assert "rule: tools" in capsys.readouterr().out
+
+
+def _quality_rows(path: Path) -> None:
+    rows = []
+    for i in range(90):
+        hard = i % 3 == 0
+        word = "integral" if hard else "capital"
+        prompt = f"Question {i}: what is the {word} of item {i % 7}?"
+        rows.append({"id": f"q{i}", "domain": f"d{i % 5}", "bench": "toy" if i % 2 else "other",
+                     "prompt": prompt, "weak": 0 if hard else 1, "strong": 1})  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_ngram_fit_reports_held_out_quality_then_eval_measures_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "q.jsonl"
+    _quality_rows(data)
+    weights = tmp_path / "w.json"
+    assert (
+        main(["route", "fit", str(data), "--classifier", "ngram", "--folds", "3", "--out", str(weights)]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "held-out quality (3 folds" in out and "APGR" in out and "name: ngram" in out
+    block = yaml.safe_load(out.split("merge into your policy:\n")[1])
+    assert block["routing"]["classifier"]["weights_file"] == str(weights)
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + yaml.safe_dump(block))
+    png = tmp_path / "curve.png"
+    assert main(["route", "eval", str(data), "--policy", str(policy_file), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "classifier: ngram" in out and "CPT(50%)" in out and "CPT(80%)" in out
+    assert "toy: 45 prompts" in out and "other: 45 prompts" in out
+    apgr = float(out.split("APGR")[1].split()[0])
+    assert apgr > 0.6  # the word that marks a hard question was learned
+    assert "at the policy's threshold" in out and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_explain_names_the_words_that_drove_the_score(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "r.json"
+    request.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Solve the integral of x^2 dx."}]})
+    )
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + "routing:\n  classifier: {name: ngram}\n  threshold: 0.6\n")
+    assert main(["route", "explain", "--policy", str(policy_file), str(request), "--top", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "classifier: ngram" in out and "most telling first" in out
+    shown = out.split("most telling first:\n")[1].split("score:")[0]
+    ngrams = [line.split()[0] for line in shown.splitlines() if line.startswith("  '")]
+    assert len(ngrams) >= 3 and "length" in shown  # words and pairs read from this request
+    assert all(gram.strip("'") in "solve the integral of x 0 dx" for gram in ngrams)
+
+
+def test_eval_on_held_out_folds_refits_the_ngram_classifier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "q.jsonl"
+    _quality_rows(data)
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(BASE + "routing:\n  classifier: {name: ngram}\n")
+    assert main(["route", "eval", str(data), "--policy", str(policy_file), "--folds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "refitted on 3 held-out folds" in out and float(out.split("APGR")[1].split()[0]) > 0.6
+    policy_file.write_text(BASE + "routing:\n  classifier: {bias: -1.0, weights: {reasoning_cues: 4.0}}\n")
+    with pytest.raises(SystemExit) as info:
+        main(["route", "eval", str(data), "--policy", str(policy_file), "--folds", "3"])
+    assert "refits the ngram classifier" in str(info.value)

@@ -1,0 +1,206 @@
+"""The ``ngram`` classifier: what the prompt asks, as hashed word n-grams, plus its length.
+
+Logistic regression over (a) the word unigrams and bigrams of ``Features.text`` — the last
+user message, or its first and last 600 characters when longer, so an 8k-token prompt
+costs what a 300-token one does — each hashed with CRC-32 and weighted from a fitted
+table, their sum scaled by 1/sqrt(count); (b) a fixed weight on the log of the last user
+message's length; and (c) optionally, the normalized shape features the ``linear``
+classifier reads (the shipped weights use none). The table ships in the package
+(``ngram_weights.json``, fitted by ``switchyard route fit --classifier ngram``) and holds
+hashes and weights only, no words. Words are lowercased, digits folded to ``0`` (numbers count by their
+shape, not their value), punctuation splits them.
+
+The request path is pure Python: the hash of each word or word pair is looked up once
+per process and memoized (a bounded dict), so a request costs a translate, a split, two
+dict lookups per word and a sum.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import string
+import sys
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from gateway.routing.classifiers import Classifier, ClassifierSettings, register
+from gateway.routing.features import FEATURE_NAMES, Features
+
+DEFAULT_WEIGHTS = Path(__file__).with_name("ngram_weights.json")
+FORMAT = "switchyard-ngram/1"
+# One character to one character, so str.translate takes its fast path on ASCII text:
+# digits fold to 0 (a number counts by its shape, not its value), punctuation splits words.
+_FOLD = str.maketrans("0123456789" + string.punctuation, "0" * 10 + " " * len(string.punctuation))
+_MEMO_LIMIT = 100_000  # distinct words and pairs remembered per classifier; about 15 MB at most
+
+Key = str | tuple[str, str]
+
+
+def words(text: str) -> list[str]:
+    """The words the classifier reads: lowercased, digits folded to 0, split at spaces and punctuation."""
+    return text.lower().translate(_FOLD).split()
+
+
+def key_hash(key: Key) -> int:
+    """The CRC-32 of a word, or of a pair of words joined by a space (stable across processes,
+    unlike ``hash``)."""
+    text = key if isinstance(key, str) else f"{key[0]} {key[1]}"
+    return zlib.crc32(text.encode())
+
+
+def keys(tokens: list[str]) -> Iterator[Key]:
+    """Every unigram, then every bigram, of a word list."""
+    yield from tokens
+    yield from pairwise(tokens)
+
+
+class NgramSettings(ClassifierSettings):
+    """``ngram``: fitted weights from ``weights_file`` (default: the ones shipped in the package)."""
+
+    name: Literal["ngram"] = "ngram"
+    weights_file: str | None = Field(
+        None, description="A weights file written by `switchyard route fit --classifier ngram`."
+    )
+
+    @field_validator("weights_file")
+    @classmethod
+    def _readable(cls, path: str | None) -> str | None:
+        if path is not None:
+            try:
+                NgramModel.load(Path(path))
+            except (OSError, ValueError, KeyError) as exc:
+                raise ValueError(f"cannot read the weights: {exc}") from None
+        return path
+
+
+@dataclass(frozen=True, slots=True)
+class NgramModel:
+    """Fitted numbers: the bias, a weight per shape feature, a weight per n-gram hash."""
+
+    bias: float
+    shape: dict[str, float]
+    table: dict[int, float]
+    about: dict[str, Any]
+    length_weight: float = 0.0
+    length_center: float = 0.0
+
+    def length_logit(self, last_user_chars: int) -> float:
+        """The prompt length's share of the logit."""
+        return self.length_weight * (math.log1p(last_user_chars) - self.length_center)
+
+    def dump(self, path: Path) -> None:
+        """Write the model as JSON (hashes and weights packed as base64 little-endian arrays)."""
+        hashes = array("I", sorted(self.table))
+        scale = max((abs(w) for w in self.table.values()), default=1.0) / 32767 or 1.0
+        weights = array("h", [round(self.table[h] / scale) for h in hashes])
+        if sys.byteorder == "big":
+            hashes.byteswap()
+            weights.byteswap()
+        doc = {
+            "format": FORMAT,
+            "about": self.about,
+            "bias": round(self.bias, 6),
+            "length_weight": self.length_weight,
+            "length_center": self.length_center,
+            "shape": {k: round(v, 6) for k, v in self.shape.items()},
+            "weight_scale": scale,
+            "hashes": base64.b64encode(hashes.tobytes()).decode(),
+            "weights": base64.b64encode(weights.tobytes()).decode(),
+        }
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> NgramModel:
+        """Read a file :meth:`dump` wrote."""
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a {FORMAT} weights file")
+        hashes = array("I", base64.b64decode(doc["hashes"]))
+        weights = array("h", base64.b64decode(doc["weights"]))
+        if sys.byteorder == "big":
+            hashes.byteswap()
+            weights.byteswap()
+        scale = float(doc["weight_scale"])
+        unknown = [k for k in doc["shape"] if k not in FEATURE_NAMES]
+        if unknown or len(hashes) != len(weights):
+            raise ValueError(f"{path}: malformed weights (unknown features {unknown})")
+        table = {h: w * scale for h, w in zip(hashes, weights, strict=True)}
+        return cls(
+            bias=float(doc["bias"]),
+            shape=dict(doc["shape"]),
+            table=table,
+            about=dict(doc.get("about", {})),
+            length_weight=float(doc.get("length_weight", 0.0)),
+            length_center=float(doc.get("length_center", 0.0)),
+        )
+
+
+class _Memo(dict[Key, float]):
+    """Word or word pair -> its weight, filled on first sight (C-speed lookups after that)."""
+
+    def __init__(self, table: dict[int, float]) -> None:
+        super().__init__()
+        self.table = table
+
+    def __missing__(self, key: Key) -> float:
+        weight = self[key] = self.table.get(key_hash(key), 0.0)
+        return weight
+
+
+@register(NgramSettings)
+class Ngram(Classifier):
+    """Logistic regression over hashed word n-grams and the shape features."""
+
+    def __init__(self, settings: NgramSettings | NgramModel) -> None:
+        if isinstance(settings, NgramModel):
+            model = settings
+        else:
+            path = Path(settings.weights_file) if settings.weights_file else DEFAULT_WEIGHTS
+            model = NgramModel.load(path)
+        self.model = model
+        self._memo = _Memo(model.table)
+
+    def ngram_logit(self, tokens: list[str]) -> float:
+        """The n-grams' share of the logit."""
+        memo = self._memo
+        if len(memo) > _MEMO_LIMIT:
+            memo.clear()
+        lookup = memo.__getitem__  # a miss hashes the key once (_Memo.__missing__)
+        total = sum(map(lookup, tokens)) + sum(map(lookup, pairwise(tokens)))
+        return total / math.sqrt(max(1, 2 * len(tokens) - 1))
+
+    def strong_probability(self, features: Features) -> float:
+        model = self.model
+        z = model.bias + self.ngram_logit(words(features.text)) + model.length_logit(features.last_user_chars)
+        if model.shape:
+            vector = features.vector()
+            z += sum(weight * vector[name] for name, weight in model.shape.items())
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def explain(self, features: Features) -> list[tuple[str, float]]:
+        """The bias, the shape features, then each word or pair's share of the logit (the
+        words are read from this request: the table holds only their hashes)."""
+        tokens = words(features.text)
+        n = max(1, 2 * len(tokens) - 1)
+        parts: dict[str, float] = {}
+        for key in keys(tokens):
+            weight = self.model.table.get(key_hash(key), 0.0)
+            if weight:
+                label = repr(key) if isinstance(key, str) else repr(f"{key[0]} {key[1]}")
+                parts[label] = parts.get(label, 0.0) + weight / math.sqrt(n)
+        vector = features.vector()
+        for name, weight in self.model.shape.items():
+            if weight * vector[name]:
+                parts[name] = weight * vector[name]
+        parts["length"] = self.model.length_logit(features.last_user_chars)
+        ranked = sorted(parts.items(), key=lambda kv: -abs(kv[1]))
+        return [("bias", self.model.bias), *ranked]

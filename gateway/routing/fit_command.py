@@ -1,0 +1,67 @@
+"""``switchyard route fit --classifier ngram``: held-out numbers first, then the weights.
+
+With ``--folds K`` (default 5) the rows are split into K folds by ``domain`` (every prompt
+of a subject together) or, without one, by ``id`` (each question alone); each fold is
+scored by a model fitted on the others, and the quality report (``route eval``'s: APGR,
+CPT, per ``bench``) is printed for those out-of-fold scores. Then one model is fitted on
+every row and written to ``--out``, with the routing block that uses it and the threshold
+that sends ``--strong-share`` of these prompts to the strong tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram
+from gateway.routing.datafiles import body_of, has_quality
+from gateway.routing.evaluate import plot_quality, print_quality, quality_by_bench
+from gateway.routing.features import extract
+from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, target
+from gateway.routing.quality import threshold_for_share
+
+
+def register_fit_options(parser: argparse.ArgumentParser) -> None:
+    """The ``route fit`` options only the ngram classifier reads."""
+    parser.add_argument("--folds", type=int, default=5, help="ngram: held-out folds to report (0: none)")
+    parser.add_argument(
+        "--strong-share", type=float, default=0.3, help="ngram: the share the printed threshold sends strong"
+    )
+    parser.add_argument("--plot", help="ngram: write the held-out quality curve as a PNG")
+
+
+def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    """Report held-out quality, fit on everything, write the weights."""
+    if not rows:
+        raise SystemExit("fit needs examples")
+    if not has_quality(rows) and any(row.get("label") not in ("fast", "strong") for row in rows):
+        raise SystemExit("every row needs per-model quality (`weak`, `strong`) or a label (fast|strong)")
+    options = FitOptions() if args.l2 is None else FitOptions(l2=args.l2)
+    features = [extract(body_of(row)) for row in rows]
+    if args.folds > 1 and has_quality(rows):
+        scores = cross_validated_scores(rows, features, args.folds, options)
+        print(f"held-out quality ({args.folds} folds by domain, else by id; numbers for unseen subjects):")
+        found = quality_by_bench(rows, scores, 200)
+        for bench, one in found:
+            print_quality(bench, one)
+        if args.plot:
+            plot_quality(found, args.plot)
+    model = fit(features, [target(row) for row in rows], options)
+    out = Path(args.out) if args.out else Path("ngram_weights.json")
+    model.dump(out)
+    clf = Ngram(model)
+    threshold = threshold_for_share([clf.strong_probability(f) for f in features], args.strong_share)
+    shipped = out.resolve() == DEFAULT_WEIGHTS.resolve()
+    block: dict[str, Any] = {"classifier": {"name": "ngram"}, "threshold": round(threshold, 4)}
+    if not shipped:
+        block["classifier"]["weights_file"] = str(out)
+    print(f"\n# fitted on {len(rows)} prompts: {len(model.table)} n-gram weights written to {out}")
+    print(
+        f"# the threshold sends {args.strong_share:.0%} of these prompts to strong; merge into your policy:"
+    )
+    sys.stdout.write(yaml.safe_dump({"routing": block}, sort_keys=False))
+    return 0

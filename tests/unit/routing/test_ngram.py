@@ -1,0 +1,143 @@
+"""The ``ngram`` classifier: words, stable hashes, the logit, the weights file, the fit."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+
+import pytest
+
+from gateway.config import PolicyError, parse_policy
+from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram, NgramModel, key_hash, words
+from gateway.routing.features import extract
+from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
+from gateway.routing.resolve import Router
+
+BASE = """
+deployments:
+  f: {base_url: "http://x/v1"}
+  s: {base_url: "http://x/v1"}
+tiers: {fast: [f], strong: [s]}
+"""
+
+
+def _features(text: str):  # type: ignore[no-untyped-def]
+    return extract({"messages": [{"role": "user", "content": text}]})
+
+
+def test_words_fold_case_and_digits_and_split_at_punctuation() -> None:
+    assert words("What is 12.5% of X? Don't f(x)=naïve_b") == [
+        "what", "is", "00", "0", "of", "x", "don", "t", "f", "x", "naïve", "b",
+    ]  # fmt: skip
+
+
+def test_hashes_are_crc32_stable_across_processes() -> None:
+    assert key_hash("hello") == zlib.crc32(b"hello")
+    assert key_hash(("hello", "world")) == zlib.crc32(b"hello world") == 0x0D4A1185
+
+
+def test_logit_is_the_sum_over_unigrams_and_bigrams_scaled_by_their_count() -> None:
+    model = NgramModel(
+        bias=-1.0,
+        shape={},
+        table={key_hash("prove"): 2.0, key_hash(("prove", "theorem")): 1.0},
+        about={},
+    )
+    clf = Ngram(model)
+    expected = 1 / (1 + math.exp(-(-1.0 + 3.0 / math.sqrt(3))))  # 2 words + 1 pair
+    assert clf.strong_probability(_features("Prove theorem")) == pytest.approx(expected)
+    assert clf.strong_probability(_features("Prove theorem")) == pytest.approx(expected)  # memoized
+    parts = dict(clf.explain(_features("Prove theorem")))
+    assert parts["'prove'"] == pytest.approx(2 / math.sqrt(3))
+    assert parts["'prove theorem'"] == pytest.approx(1 / math.sqrt(3))
+    assert parts["bias"] == -1.0
+
+
+def test_length_term_is_centred() -> None:
+    model = NgramModel(0.0, {}, {}, {}, length_weight=0.5, length_center=math.log1p(100))
+    clf = Ngram(model)
+    assert clf.strong_probability(_features("x" * 100)) == pytest.approx(0.5)
+    assert clf.strong_probability(_features("x " * 500)) > 0.5
+
+
+def test_weights_file_round_trip(tmp_path: Path) -> None:
+    model = NgramModel(0.25, {"code_density": 0.5}, {1: 0.5, 2**32 - 1: -1.25}, {"examples": 3}, 0.5, 5.0)
+    path = tmp_path / "w.json"
+    model.dump(path)
+    back = NgramModel.load(path)
+    assert back.bias == 0.25 and back.shape == {"code_density": 0.5} and back.about == {"examples": 3}
+    assert back.table[1] == pytest.approx(0.5, abs=1e-4) and back.table[2**32 - 1] == pytest.approx(-1.25)
+    assert (back.length_weight, back.length_center) == (0.5, 5.0)
+
+
+def test_policy_selects_the_shipped_weights_or_a_file(tmp_path: Path) -> None:
+    router = Router(parse_policy(BASE + "routing:\n  classifier: {name: ngram}\n", "p"))
+    assert isinstance(router.classifier, Ngram)
+    assert router.classifier.model.table and DEFAULT_WEIGHTS.exists()
+    with pytest.raises(PolicyError) as info:
+        parse_policy(
+            BASE + f"routing:\n  classifier: {{name: ngram, weights_file: {tmp_path / 'no'}}}\n", "p"
+        )
+    assert "weights_file" in str(info.value)
+
+
+def test_a_long_prompt_is_read_at_both_ends_only() -> None:
+    head, tail = "integral " * 70, " sonnet" * 90
+    text = head + "filler " * 10_000 + tail
+    assert len(_features(text).text) <= 1201
+    assert words(_features(text).text)[0] == "integral" and words(_features(text).text)[-1] == "sonnet"
+
+
+def _rows() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for i in range(120):
+        hard = i % 3 == 0
+        word = "integral" if hard else "capital"
+        rows.append(
+            {
+                "id": f"q{i}",
+                "domain": f"d{i % 5}",
+                "prompt": f"Question {i}: compute the {word} of item {i % 7}.",
+                "weak": 0 if hard else 1,
+                "strong": 1,
+            }
+        )
+    return rows
+
+
+def test_fit_learns_a_word_that_needs_the_strong_model() -> None:
+    rows = _rows()
+    features = [_features(str(r["prompt"])) for r in rows]
+    model = fit(features, [target(r) for r in rows], FitOptions(steps=200))
+    clf = Ngram(model)
+    assert model.table[key_hash("integral")] > 0 > model.table[key_hash("capital")]
+    assert clf.strong_probability(_features("the integral")) > clf.strong_probability(
+        _features("the capital")
+    )
+    scores = cross_validated_scores(rows, features, 3, FitOptions(steps=200))
+    hard = [s for s, r in zip(scores, rows, strict=True) if r["weak"] == 0]
+    easy = [s for s, r in zip(scores, rows, strict=True) if r["weak"] == 1]
+    assert min(hard) > max(easy)
+
+
+def test_targets_and_folds() -> None:
+    assert target({"weak": 0, "strong": 1}) == 1.0
+    assert target({"weak": 1, "strong": 1}) == 0.5
+    assert target({"weak": 1, "strong": 0}) == 0.0
+    assert target({"label": "strong"}) == 1.0 and target({"label": "fast"}) == 0.0
+    # A subject is held out whole; questions without one are spread by id.
+    assert fold_of({"domain": "law", "id": "1"}, 5) == fold_of({"domain": "law", "id": "2"}, 5)
+    assert len({fold_of({"id": f"q{i}"}, 5) for i in range(50)}) == 5
+
+
+def test_auto_uses_the_shipped_ngram_classifier_on_the_embedded_and_default_policies() -> None:
+    from gateway.config import EMBEDDED_POLICY, load_policy
+
+    root = Path(__file__).resolve().parents[3]
+    for source in (EMBEDDED_POLICY, root / "policies" / "default.yaml"):
+        policy = load_policy(str(source))
+        assert policy.routing.classifier is not None and policy.routing.classifier.name == "ngram"
+        router = Router(policy)
+        route = router.resolve({"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+        assert route.reason == "score" and route.score is not None
