@@ -240,3 +240,10 @@ def _str_or_none(value: Any) -> str | None:
 def sse_error_event(error: SwitchyardError) -> bytes:
     """An SSE event that ends a started stream with an error the SDKs raise on."""
     return b"data: " + error.to_json() + b"\n\n"
+
+
+class RedisUnavailableError(UpstreamUnavailableError):
+    """503: the gateway's own Redis does not answer, so what needs it (keys, costs, stats, an
+    unknown key's check) cannot be done now; ``code`` says which (``redis_unavailable`` ...)."""
+
+    default_code = "redis_unavailable"
