@@ -17,8 +17,9 @@ Redis on the request path is bounded by a :class:`~gateway.store.gate.RedisGate`
 tens of milliseconds). When Redis does not answer in time, a key verified in the last
 ``stale_s`` seconds keeps working (a Redis outage must not lock every client out), and
 while the gate counts Redis unreachable such a key is served without asking it at all. A
-key not verified before cannot be checked: it gets 503 ``auth_unavailable``, never a 401
-(it may well be valid) and never a pass (it may well not be).
+key not verified before cannot be checked without Redis: it still asks (within the same
+bound) and, when Redis does not answer, gets 503 ``auth_unavailable``, never a 401 (it may
+well be valid) and never a pass (it may well not be).
 """
 
 from __future__ import annotations
@@ -266,12 +267,11 @@ class KeyStore:
         if parts is None:
             raise _invalid()
         stale = cached is not None and now - cached[0] < self._stale_s
-        if self._gate.unreachable:
-            # Redis failed moments ago: do not make every request wait for it again.
+        if cached is not None and stale and self._gate.unreachable:
+            # Redis failed moments ago: do not make every request wait for it again. (A
+            # key never verified has no answer but Redis's: it still asks, bounded.)
             self._gate.skip()
-            if cached is not None and stale:
-                return _accepted(cached[1])
-            raise _unavailable()
+            return _accepted(cached[1])
         try:
             fields = await self._lookup(token, parts[0])
         except REDIS_FAULTS:

@@ -2,11 +2,12 @@
 
 A request must never wait long for Redis: a healthy one answers in well under a
 millisecond, a frozen one (a stopped process, a partitioned network) never does. Each
-call through a :class:`RedisGate` is bounded by ``timeout_s``; after ``open_after``
-failures in a row the gate counts Redis as unreachable for ``retry_s`` and callers take
-their fail-open path at once without asking it (a key verified before keeps working,
-the rate limit admits). One call per ``retry_s`` then probes Redis again, so a frozen
-Redis costs one request a second at most ``timeout_s``, not every request.
+call through a :class:`RedisGate` is bounded by ``timeout_s``; after a failure the gate
+counts Redis as unreachable for ``retry_s`` and the callers that have a fail-open path
+take it at once without asking Redis (a key verified before keeps working, the rate
+limit admits). The first call after ``retry_s`` probes Redis again, so a frozen Redis
+costs one request a second ``timeout_s``, not every request (and not a request twice:
+its key check finds Redis frozen, its rate-limit check then does not wait again).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class RedisGate:
         self,
         timeout_s: float = 0.05,
         *,
-        open_after: int = 3,
+        open_after: int = 1,
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
