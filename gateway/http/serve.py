@@ -15,78 +15,17 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from gateway.errors import InvalidRequestError, SwitchyardError
+from gateway.http.header_deadline import HeaderDeadlineHandler
 from gateway.http.state import DRAINING, IN_FLIGHT, POLICY, SETTINGS
 
 _log = structlog.get_logger("switchyard")
 
 
-class _JsonErrorHandler(RequestHandler):
+class _JsonErrorHandler(HeaderDeadlineHandler):
     """aiohttp's connection handler, answering what its HTTP parser rejects (a malformed
     request line or header, an unknown Content-Encoding ...) in OpenAI's error JSON, logged
-    as one line instead of a traceback, and closing a connection whose request headers do
-    not arrive within ``header_timeout_s`` (aiohttp has no such bound: a client sending
-    them a byte at a time holds the connection for its keep-alive hour)."""
-
-    header_timeout_s = 10.0
-    _header_deadline: asyncio.TimerHandle | None = None
-    _between_requests = True
-    _started_request = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._arm_header_deadline()
-
-    def data_received(self, data: bytes) -> None:
-        # Bytes between two requests start the next one's headers: from the first of them,
-        # the headers have header_timeout_s to arrive in full.
-        if self._between_requests:
-            self._started_request = True
-            self._arm_header_deadline()
-        parsed = self._request_count
-        super().data_received(data)
-        if self._request_count > parsed:
-            self._between_requests = self._started_request = False
-            self._disarm_header_deadline()
-
-    async def _handle_request(self, *args: Any, **kw: Any) -> Any:
-        try:
-            return await super()._handle_request(*args, **kw)
-        finally:
-            self._between_requests = True
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm_header_deadline()
-        super().connection_lost(exc)
-
-    def _arm_header_deadline(self) -> None:
-        if self._header_deadline is None:
-            loop = asyncio.get_running_loop()
-            self._header_deadline = loop.call_later(self.header_timeout_s, self._headers_timed_out)
-
-    def _disarm_header_deadline(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
-
-    def _headers_timed_out(self) -> None:
-        self._header_deadline = None
-        if not self._between_requests or self.transport is None:
-            return  # a request is being handled: its body has its own deadline
-        if not self._started_request:
-            self.force_close()  # connected and never sent a byte: nobody to answer
-            return
-        _log.info("request_header_timeout", timeout_s=self.header_timeout_s)
-        err = InvalidRequestError(
-            f"The request headers were not received within {self.header_timeout_s:g} s.",
-            code="request_timeout",
-        )
-        body = err.to_json()
-        head = (
-            "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nx-should-retry: false\r\nConnection: close\r\n\r\n"
-        )
-        self.transport.write(head.encode() + body)
-        self.force_close()  # closing the transport sends what was written first
+    as one line instead of a traceback; request headers have a deadline (see
+    :class:`HeaderDeadlineHandler`)."""
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # aiohttp logs what it could not read as a traceback; one line says as much.
