@@ -58,6 +58,12 @@ class Settings(BaseModel):
     max_content_parts: int = Field(512, ge=1)
     max_json_depth: int = Field(64, ge=4, le=1000)
     drain_timeout_s: float = Field(30.0, ge=0)
+    redis_request_timeout_ms: float = Field(50.0, gt=0)
+    """The longest a request waits for Redis (its key check, its rate-limit check)."""
+    request_header_timeout_s: float = Field(10.0, gt=0)
+    """The longest a client may take to send a request's headers (the connection is closed)."""
+    request_body_timeout_s: float = Field(30.0, gt=0)
+    """The longest a client may take to send a request's body (408 past it)."""
 
     def auth_mode(self) -> Literal["keys", "none"]:
         """``keys`` (a virtual key on every /v1 request) or ``none``. ``auto`` is ``none`` on a

@@ -17,6 +17,7 @@ the subclass names, so the official SDKs raise their own typed exceptions
     │   └── UpstreamRateLimitError    an upstream's 429 (also an UpstreamError)
     └── UpstreamError                 502: an upstream failed; parent of every upstream failure
         ├── UpstreamUnavailableError  503
+        │   └── RedisUnavailableError the gateway's own Redis (admin, keys), 503 redis_unavailable
         ├── UpstreamTimeoutError      504
         ├── UpstreamStatusError       an upstream's 4xx about the request, relayed as it said it
         └── UpstreamRateLimitError
@@ -240,3 +241,10 @@ def _str_or_none(value: Any) -> str | None:
 def sse_error_event(error: SwitchyardError) -> bytes:
     """An SSE event that ends a started stream with an error the SDKs raise on."""
     return b"data: " + error.to_json() + b"\n\n"
+
+
+class RedisUnavailableError(UpstreamUnavailableError):
+    """503: the gateway's own Redis does not answer, so what needs it (keys, costs, stats, an
+    unknown key's check) cannot be done now; ``code`` says which (``redis_unavailable`` ...)."""
+
+    default_code = "redis_unavailable"

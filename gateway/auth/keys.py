@@ -11,9 +11,15 @@ Verification looks the id up, hashes the given secret and compares with
 a request costs one dictionary lookup. A revocation is also written to a sorted set that
 every replica polls once a second (:meth:`KeyStore.watch_revocations`), so a revoked key
 stops working everywhere within about a second (at once on the replica that revoked it;
-within ``cache_s`` at worst, when Redis cannot be read). When Redis does not answer,
-a key verified in the last ``stale_s`` seconds keeps working: a Redis outage must not
-lock every client out.
+within ``cache_s`` at worst, when Redis cannot be read).
+
+Redis on the request path is bounded by a :class:`~gateway.store.gate.RedisGate` (a few
+tens of milliseconds). When Redis does not answer in time, a key verified in the last
+``stale_s`` seconds keeps working (a Redis outage must not lock every client out), and
+while the gate counts Redis unreachable such a key is served without asking it at all. A
+key not verified before cannot be checked without Redis: it still asks (within the same
+bound) and, when Redis does not answer, gets 503 ``auth_unavailable``, never a 401 (it may
+well be valid) and never a pass (it may well not be).
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from gateway.errors import AuthenticationError, InvalidRequestError, UpstreamUnavailableError
+from gateway.errors import AuthenticationError, InvalidRequestError, RedisUnavailableError
+from gateway.store.gate import REDIS_FAULTS, RedisGate
 
 PREFIX = "sk-sy-"
 INDEX = "sy:keys"
@@ -153,8 +159,11 @@ def validate_new_key(
 class KeyStore:
     """Create, list, revoke and verify virtual keys in Redis."""
 
-    def __init__(self, redis: Redis, *, cache_s: float = 10.0, stale_s: float = 600.0) -> None:
+    def __init__(
+        self, redis: Redis, *, cache_s: float = 10.0, stale_s: float = 600.0, gate: RedisGate | None = None
+    ) -> None:
         self._redis = redis
+        self._gate = gate or RedisGate()
         self._cache_s = cache_s
         self._stale_s = stale_s
         # token -> (verified at, record or None for "not a key"); bounded below.
@@ -242,7 +251,7 @@ class KeyStore:
                     found: list[Any] = await self._redis.zrangebyscore(
                         REVOKED, seen_until - 5.0, "+inf", withscores=True
                     )
-            except (RedisError, OSError, TimeoutError):
+            except REDIS_FAULTS:
                 continue
             for raw, score in found:
                 self.forget(raw.decode() if isinstance(raw, bytes) else str(raw))
@@ -257,14 +266,18 @@ class KeyStore:
         parts = split_token(token)
         if parts is None:
             raise _invalid()
+        stale = cached is not None and now - cached[0] < self._stale_s
+        if cached is not None and stale and self._gate.unreachable:
+            # Redis failed moments ago: do not make every request wait for it again. (A
+            # key never verified has no answer but Redis's: it still asks, bounded.)
+            self._gate.skip()
+            return _accepted(cached[1])
         try:
             fields = await self._lookup(token, parts[0])
-        except (RedisError, OSError, TimeoutError):
-            if cached is not None and now - cached[0] < self._stale_s:
+        except REDIS_FAULTS:
+            if cached is not None and stale:
                 return _accepted(cached[1])
-            raise UpstreamUnavailableError(
-                "Keys cannot be checked: the gateway's Redis does not answer.", code="auth_unavailable"
-            ) from None
+            raise _unavailable() from None
         record = None
         if fields and "salt" in fields:
             expected = fields.get("hash", "")
@@ -283,10 +296,9 @@ class KeyStore:
         future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
         self._lookups[token] = future
         try:
-            async with asyncio.timeout(1.0):
-                fields = _decode(await self._redis.hgetall(record_key(key_id)))
+            fields = _decode(await self._gate.call(lambda: self._redis.hgetall(record_key(key_id))))
         except BaseException as exc:
-            future.set_exception(exc if isinstance(exc, Exception) else RedisError("lookup cancelled"))
+            future.set_exception(exc if isinstance(exc, Exception) else TimeoutError("lookup cancelled"))
             future.exception()  # retrieved: no "never retrieved" warning when nobody else waits
             raise
         else:
@@ -299,6 +311,13 @@ class KeyStore:
 def _invalid() -> AuthenticationError:
     return AuthenticationError(
         "Incorrect API key provided. Create a key with `switchyard keys create` or POST /admin/keys."
+    )
+
+
+def _unavailable() -> RedisUnavailableError:
+    return RedisUnavailableError(
+        "This API key cannot be checked now: the gateway's Redis does not answer. Retry shortly.",
+        code="auth_unavailable",
     )
 
 

@@ -10,13 +10,14 @@ when its last event has gone out), so a long answer can take the token bucket be
 zero and the next request waits until it has refilled.
 
 The three keys of a virtual key share a hash tag (``{<key id>}``), so the script runs
-on a Redis Cluster too. When Redis does not answer, requests are admitted and counted
-(``errors``): a Redis outage must not stop traffic.
+on a Redis Cluster too. The check is bounded by the :class:`~gateway.store.gate.RedisGate`
+shared with the key check: when Redis does not answer within it (or the gate counts Redis
+unreachable, then without asking), requests are admitted and counted (``errors``): a
+Redis outage must not stop traffic, nor slow it down.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -24,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from gateway.auth.keys import KeyRecord
 from gateway.cachestats.cost import NANO_USD as NANO
 from gateway.errors import RateLimitError
+from gateway.store.gate import REDIS_FAULTS, RedisGate
 from gateway.store.writer import StatsWriter
 
 if TYPE_CHECKING:
@@ -125,11 +126,11 @@ def _headers(key: KeyRecord, requests: float, tokens: float) -> dict[str, str]:
 class Limiter:
     """Admits requests of limited keys and charges what they used."""
 
-    def __init__(self, redis: Redis, writer: StatsWriter, timeout_s: float = 0.5) -> None:
+    def __init__(self, redis: Redis, writer: StatsWriter, gate: RedisGate | None = None) -> None:
         self._redis = redis
         self._writer = writer
         self._script = redis.register_script(LUA)
-        self._timeout_s = timeout_s
+        self._gate = gate or RedisGate()
         self.errors = 0
         self.refused: dict[str, int] = {"requests": 0, "tokens": 0, "budget": 0}
         self._last_warning = 0.0
@@ -139,16 +140,13 @@ class Limiter:
         if not key.limited:
             return Admission(True, "unlimited", {})
         args: list[str | int] = ["admit", key.rpm, key.tpm, round(key.budget_usd * NANO), 0, 0]
+        if self._gate.unreachable:
+            self._gate.skip()
+            return self._fail_open("unreachable")
         try:
-            async with asyncio.timeout(self._timeout_s):
-                reply: Any = await self._script(keys=bucket_keys(key.key_id), args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.errors += 1
-            now = time.monotonic()
-            if now - self._last_warning > 10:
-                self._last_warning = now
-                _log.warning("rate_limit_unavailable", errors=self.errors, error=type(exc).__name__)
-            return Admission(True, "redis_unavailable", {})
+            reply: Any = await self._gate.call(lambda: self._script(keys=bucket_keys(key.key_id), args=args))
+        except REDIS_FAULTS as exc:
+            return self._fail_open(type(exc).__name__)
         allowed, reason = int(reply[0]), _text(reply[1])
         requests, tokens, retry_ms = float(reply[2]), float(reply[3]), int(reply[4])
         spend_usd = float(reply[5]) / NANO
@@ -172,6 +170,14 @@ class Limiter:
             retry_after_s=retry_s,
             headers=headers,
         )
+
+    def _fail_open(self, error: str) -> Admission:
+        self.errors += 1
+        now = time.monotonic()
+        if now - self._last_warning > 10:
+            self._last_warning = now
+            _log.warning("rate_limit_unavailable", errors=self.errors, error=error)
+        return Admission(True, "redis_unavailable", {})
 
     def record(self, done: FinishedRequest) -> None:
         """Charge a finished request to its key: tokens to the TPM bucket (when the key has

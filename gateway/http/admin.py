@@ -2,8 +2,9 @@
 dashboard reports, replicas, dispatch state, virtual keys and costs.
 
 Its own middleware checks the admin key before any handler runs, so no handler can forget
-it. Handlers read the gateway's state through ``request.config_dict`` (the sub-app's own
-state is empty; the main app's is behind it).
+it, and turns a Redis that does not answer into 503 ``redis_unavailable`` (keys, costs)
+for every handler at once. Handlers read the gateway's state through
+``request.config_dict`` (the sub-app's own state is empty; the main app's is behind it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gateway import cachestats
 from gateway.auth.bearer import bearer_token
 from gateway.auth.keys import validate_new_key
 from gateway.config import is_loopback
-from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError, UpstreamUnavailableError
+from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError, RedisUnavailableError
 from gateway.http.middleware import Handler
 from gateway.http.ops import policy_status
 from gateway.http.redact import redacted_policy
@@ -38,6 +39,7 @@ from gateway.http.state import (
 )
 from gateway.policy import Policy
 from gateway.replicas.status import replica_status
+from gateway.store.gate import REDIS_FAULTS
 from gateway.validation import parse_duration
 
 Report = Callable[[Policy, int], Awaitable[dict[str, Any]]]
@@ -46,11 +48,19 @@ Report = Callable[[Policy, int], Awaitable[dict[str, Any]]]
 @web.middleware
 async def admin_key_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Admin endpoints need ``Authorization: Bearer $SWITCHYARD_ADMIN_KEY``; without an admin
-    key configured they are open only on a gateway bound to loopback."""
+    key configured they are open only on a gateway bound to loopback. A Redis error in any
+    handler is 503 ``redis_unavailable``."""
     # An unknown path or a wrong method keeps the router's 404/405, as on the main app.
     if request.match_info.http_exception is None:
         _require_admin_key(request)
-    return await handler(request)
+    try:
+        return await handler(request)
+    except RedisError as exc:
+        # The client's own socket timeout (about a second) bounds each command here.
+        raise RedisUnavailableError(
+            f"The gateway's Redis did not answer ({type(exc).__name__}); "
+            "keys and costs cannot be read or changed until it does. Retry shortly."
+        ) from None
 
 
 def _require_admin_key(request: web.Request) -> None:
@@ -96,8 +106,8 @@ async def _redis_report(request: web.Request, report: Report) -> web.Response:
     try:
         async with asyncio.timeout(3.0):
             body = await report(policy, since)
-    except (RedisError, OSError, TimeoutError) as exc:
-        raise UpstreamUnavailableError(
+    except REDIS_FAULTS as exc:
+        raise RedisUnavailableError(
             f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
         ) from None
     return json_response(body)

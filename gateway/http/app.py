@@ -53,6 +53,7 @@ from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
 from gateway.shaping.service import ShapingState
 from gateway.store import connect
+from gateway.store.gate import RedisGate
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
@@ -102,8 +103,12 @@ async def _accounting(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _keys(app: web.Application) -> AsyncIterator[None]:
-    keys = app[KEYS] = KeyStore(app[REDIS], cache_s=app[SETTINGS].key_cache_s)
-    app[LIMITER] = Limiter(app[REDIS], app[STATS])
+    settings = app[SETTINGS]
+    # One gate for both request-path checks: when the key check finds Redis frozen, the
+    # rate-limit check of the same request does not wait for it again.
+    gate = RedisGate(settings.redis_request_timeout_ms / 1000)
+    keys = app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s, gate=gate)
+    app[LIMITER] = Limiter(app[REDIS], app[STATS], gate)
     async with _running(keys.watch_revocations(), "key-revocations"):
         yield
 

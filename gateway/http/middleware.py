@@ -1,5 +1,6 @@
 """The main app's middleware: a context and an id for every request, the virtual-key check
-on ``/v1``, every failure turned into OpenAI's error JSON, and the finished request handed
+on ``/v1``, the request body read within its deadline (and in an encoding the gateway can
+decode), every failure turned into OpenAI's error JSON, and the finished request handed
 to the pipeline's sinks."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
+from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.auth.bearer import bearer_token
 from gateway.context import RequestContext
@@ -35,6 +38,11 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# What aiohttp decodes itself (brotli and zstd only with their optional packages installed).
+_ENCODINGS = frozenset(
+    {"", "identity", "gzip", "deflate", *(["br"] if HAS_BROTLI else []), *(["zstd"] if HAS_ZSTD else [])}
+)
+
 
 def _request_id(request: web.Request) -> str:
     given = request.headers.get("x-request-id")
@@ -53,6 +61,46 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> SwitchyardError
         limit = request.app[SETTINGS].max_body_bytes
         return RequestTooLargeError(f"Request body is larger than the limit of {limit} bytes.")
     return InvalidRequestError(exc.reason or f"HTTP {exc.status}")
+
+
+def _client_error(status: int, message: str, code: str) -> SwitchyardError:
+    # 408 and 415 are rare enough not to need classes of their own: the SDKs key on the status.
+    err = InvalidRequestError(message, code=code)
+    err.status = status
+    return err
+
+
+async def _read_body(request: web.Request, timeout_s: float) -> None:
+    """Read the whole body now, within ``timeout_s`` (a client sending it slowly holds a
+    connection and a task: 408 past the deadline); handlers then get it from memory."""
+    if not request.body_exists:
+        return
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in _ENCODINGS:
+        raise _client_error(
+            415,
+            f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed "
+            f"or as {', '.join(sorted(e for e in _ENCODINGS if e and e != 'identity'))}.",
+            "unsupported_content_encoding",
+        )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await request.read()
+    except TimeoutError:
+        raise _client_error(
+            408, f"The request body was not received within {timeout_s:g} s.", "request_timeout"
+        ) from None
+    except RequestPayloadError:
+        pass  # a body that does not decode: the handler's read names the encoding
+
+
+async def _answer_and_close(request: web.Request, resp: web.StreamResponse) -> None:
+    """Send ``resp`` now and close the connection: aiohttp would otherwise linger up to 10 s
+    reading the rest of a body that is not coming."""
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.protocol.force_close()  # closing the transport sends what was written first
 
 
 async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
@@ -96,11 +144,14 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             # No virtual keys: the per-key views name a client by a short hash of its token.
             api_key = request.headers.get("x-api-key")
             ctx.key_id = key_label(request.headers.get("Authorization") or (api_key and f"Bearer {api_key}"))
+        await _read_body(request, app[SETTINGS].request_body_timeout_s)
         resp = await handler(request)
     except SwitchyardError as exc:
         ctx.error_code = exc.code
         exc.message = scrub(app, ctx.snapshot, exc.message)
         resp = error_response(exc, ctx)
+        if exc.status == 408:
+            await _answer_and_close(request, resp)
     except web.HTTPException as exc:
         err = _http_error(exc, request)
         ctx.error_code = err.code

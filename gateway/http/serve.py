@@ -15,15 +15,17 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from gateway.errors import InvalidRequestError, SwitchyardError
+from gateway.http.header_deadline import HeaderDeadlineHandler
 from gateway.http.state import DRAINING, IN_FLIGHT, POLICY, SETTINGS
 
 _log = structlog.get_logger("switchyard")
 
 
-class _JsonErrorHandler(RequestHandler):
+class _JsonErrorHandler(HeaderDeadlineHandler):
     """aiohttp's connection handler, answering what its HTTP parser rejects (a malformed
     request line or header, an unknown Content-Encoding ...) in OpenAI's error JSON, logged
-    as one line instead of a traceback."""
+    as one line instead of a traceback; request headers have a deadline (see
+    :class:`HeaderDeadlineHandler`)."""
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # aiohttp logs what it could not read as a traceback; one line says as much.
@@ -54,20 +56,26 @@ class _JsonErrorHandler(RequestHandler):
 
 
 class _Server(web.Server):
+    header_timeout_s = 10.0
+
     def __call__(self) -> RequestHandler:
-        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler = _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler.header_timeout_s = self.header_timeout_s
+        return handler
 
 
 class _Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()
-        return _Server(
+        server = _Server(
             plain.request_handler,
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             loop=plain._loop,
             **plain._kwargs,
         )
+        server.header_timeout_s = self.app[SETTINGS].request_header_timeout_s
+        return server
 
 
 async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> None:

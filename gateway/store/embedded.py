@@ -2,19 +2,31 @@
 
 Used when no ``REDIS_URL`` is given, so ``switchyard serve`` needs no setup. The
 gateway talks to it exactly as to any Redis (through its ``unix://`` URL).
+
+The child is supervised: a thread restarts it when it exits (with a backoff from 0.5 s
+doubling to 10 s, reset once it has stayed up a minute), on the same socket, so the
+gateway's clients simply reconnect; each restart is one log line. It keeps an
+append-only file in its directory, written before each reply, so a restarted child comes
+back with every key and counter it had confirmed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import structlog
+
 from gateway.procutil import child_preexec
+
+_log = structlog.get_logger("switchyard")
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -38,20 +50,57 @@ def find_redis_server() -> str:
 
 
 class EmbeddedRedis:
-    """Start with :meth:`start`, stop with :meth:`stop` (also a context manager)."""
+    """Start with :meth:`start`, stop with :meth:`stop` (also a context manager). With
+    ``supervise`` (the default) a child that exits is restarted until :meth:`stop`."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    RESTART_BACKOFF_S = 0.5
+    MAX_BACKOFF_S = 10.0
+    STABLE_S = 60.0
+    """Up this long, the child's next restart waits the first backoff again."""
+
+    def __init__(self, binary: str | None = None, *, supervise: bool = True) -> None:
         self.binary = binary or find_redis_server()
         self._dir = tempfile.mkdtemp(prefix="switchyard-redis-")
         self.socket_path = os.path.join(self._dir, "redis.sock")
         self._proc: subprocess.Popen[bytes] | None = None
+        self._supervise = supervise
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.restarts = 0
 
     @property
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         os.makedirs(self._dir, exist_ok=True)  # again after a stop: same socket, same URL
+        self._stopping.clear()
+        with self._lock:
+            try:
+                self._spawn(timeout_s)
+            except EmbeddedRedisError:
+                self._stopping.set()
+                self._reap()
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise
+        if self._supervise:
+            # The child dies with the thread that started it (PR_SET_PDEATHSIG), so
+            # restarts come from this thread, which lives until stop().
+            self._watcher = threading.Thread(target=self._watch, name="embedded-redis", daemon=True)
+            self._watcher.start()
+        return self
+
+    def _spawn(self, timeout_s: float) -> None:
+        # A killed child leaves its socket file behind: wait for the new one, not that.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
         args = [
             self.binary,
             "--port", "0",
@@ -59,11 +108,15 @@ class EmbeddedRedis:
             "--unixsocketperm", "700",
             "--dir", self._dir,
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes",
+            # Written before each reply, fsynced by the OS: a child that dies loses nothing
+            # it confirmed (only the machine's crash would, and the directory is temporary).
+            "--appendfsync", "no",
             "--daemonize", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
-        self._proc = subprocess.Popen(
+        self._reap()
+        proc = self._proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -72,27 +125,65 @@ class EmbeddedRedis:
         )
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(self.socket_path):
-            if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                self.stop()
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                 raise EmbeddedRedisError(f"redis-server exited at start: {err.strip()}")
             if time.monotonic() > deadline:
-                self.stop()
                 raise EmbeddedRedisError("redis-server did not open its socket in time")
             time.sleep(0.01)
-        return self
+
+    def _watch(self) -> None:
+        backoff_s = self.RESTART_BACKOFF_S
+        up_since = time.monotonic()
+        while not self._stopping.wait(0.2):
+            proc = self._proc
+            if proc is None or proc.poll() is None:
+                if time.monotonic() - up_since > self.STABLE_S:
+                    backoff_s = self.RESTART_BACKOFF_S
+                continue
+            status = proc.returncode
+            if self._stopping.wait(backoff_s):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self._spawn(10.0)
+                except EmbeddedRedisError as exc:
+                    _log.error("embedded_redis_restart_failed", status=status, error=str(exc)[:200])
+                else:
+                    self.restarts += 1
+                    _log.warning(
+                        "embedded_redis_restarted",
+                        exit_status=status,
+                        pid=self.pid,
+                        restarts=self.restarts,
+                        after_s=backoff_s,
+                    )
+                    up_since = time.monotonic()
+            backoff_s = min(backoff_s * 2, self.MAX_BACKOFF_S)
+
+    def _reap(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        if self._proc is not None and self._proc.stderr:
-            self._proc.stderr.close()
-        self._proc = None
+        self._stopping.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
+        with self._lock:
+            self._reap()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedRedis:
