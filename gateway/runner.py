@@ -143,11 +143,20 @@ def _serve_workers(settings: Settings) -> int:
 
 
 def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
+    from gateway.http.serve import FORCED_EXIT_CODE
+
     cmd = [sys.executable, "-m", "gateway.runner"]
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
+        if stopping:
+            # A second signal: the workers are killed, not drained.
+            for proc in workers:
+                if proc.poll() is None:
+                    proc.kill()
+            _log.error("forced_exit", pid=os.getpid(), reason=f"second {signal.Signals(signum).name}")
+            raise SystemExit(FORCED_EXIT_CODE)
         stopping = True
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -156,7 +165,8 @@ def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=child_preexec)
 
-    workers = [spawn() for _ in range(settings.workers)]
+    workers: list[subprocess.Popen[bytes]] = []
+    workers += [spawn() for _ in range(settings.workers)]
     _log.info("workers_started", count=len(workers), pids=[w.pid for w in workers])
     backoff_s = 0.5
     while not stopping:

@@ -26,6 +26,7 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http import ops, proxy
 from gateway.http.admin import admin_app
 from gateway.http.middleware import context_middleware
+from gateway.http.serve import stop_task
 from gateway.http.state import (
     ACCOUNTING,
     AUTH_MODE,
@@ -66,8 +67,7 @@ async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop_task(task)
 
 
 async def _redis(app: web.Application) -> AsyncIterator[None]:
