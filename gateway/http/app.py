@@ -40,6 +40,7 @@ from gateway.http.state import (
     METRICS,
     POLICY,
     POOL,
+    READINESS,
     REDIS,
     SECRETS,
     SETTINGS,
@@ -48,6 +49,7 @@ from gateway.http.state import (
     STATS,
     SUPERVISOR,
     TRACING,
+    Readiness,
 )
 from gateway.pipeline import Stages
 from gateway.replicas.status import LaunchSupervisor
@@ -182,6 +184,7 @@ def create_app(
     app[SECRETS] = {}
     app[DRAINING] = asyncio.Event()
     app[IN_FLIGHT] = set()
+    app[READINESS] = Readiness()
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = app[POOL] = UpstreamPool()
     app[DISPATCHER] = Dispatcher(pool)
@@ -196,6 +199,7 @@ def create_app(
         [_redis, _pool, _stats_writer, _accounting, _keys, _policy, _shared_state, _metrics_sync, _stages]
     )
     chat = proxy.proxy("/chat/completions", ChatCompletionRequest, True)
+    app.on_startup.append(ops.check_setup)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", proxy.proxy("/completions", CompletionRequest, True))
     app.router.add_post("/v1/embeddings", proxy.proxy("/embeddings", EmbeddingRequest, False))
