@@ -133,7 +133,7 @@ def bind_error(exc: OSError, host: str, port: int) -> BindError:
     if exc.errno == errno.EADDRINUSE:
         return BindError(
             exc.errno,
-            f"port {port} on {host} is already in use (another switchyard or server is running "
+            f"port {port} on {host} is already in use (another gateway or server is running "
             f"there): stop it, or pick another port with --port or SWITCHYARD_PORT",
         )
     if exc.errno in (errno.EACCES, errno.EPERM):

@@ -64,7 +64,7 @@ def test_a_port_in_use_is_one_line_and_exit_2() -> None:
         result = _serve_fails("--port", str(port))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"switchyard: port {port} on 127.0.0.1 is already in use (another switchyard or server is "
+        f"switchyard: port {port} on 127.0.0.1 is already in use (another gateway or server is "
         "running there): stop it, or pick another port with --port or SWITCHYARD_PORT"
     ]
     assert "Traceback" not in result.stdout + result.stderr

@@ -23,10 +23,7 @@ DRAIN_TIMEOUT_S = 5.0
 def _refused_policy() -> str:
     # Nothing listens on this port: every attempt is refused and the request ends 502.
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    return (
-        f'deployments:\n  dead: {{provider: vllm, base_url: "{dead}"}}\ntiers: {{fast: [dead]}}\n'
-        "dispatch: {retries: {max: 0}}\n"
-    )
+    return f'deployments:\n  dead: {{provider: vllm, base_url: "{dead}"}}\ntiers: {{fast: [dead]}}\n'
 
 
 def _one_stop(make_gateway: Any, policy: str, i: int) -> None:
@@ -53,14 +50,14 @@ def _one_stop(make_gateway: Any, policy: str, i: int) -> None:
 
 def test_sigterm_right_after_a_502_always_exits(make_gateway: Any) -> None:
     # Before the fix about one stop in fifteen hung for ever at "draining": the stats
-    # writer's cancel was swallowed by asyncio.wait_for inside redis-py (Python 3.11).
-    # Four gateways at a time: most of a start is waiting, and the test has a minute.
+    # writer's cancel was swallowed by asyncio.wait_for inside redis-py (Python 3.11);
+    # with the fix reverted this test fails. The default retries (three refused attempts
+    # with backoff) matter: with none it rarely hits the race. Four gateways at a time,
+    # since most of a start is waiting: about 40 s on an idle 2-core machine.
     policy = _refused_policy()
-    t_start = time.monotonic()
     with ThreadPoolExecutor(PARALLEL) as pool:
         for future in [pool.submit(_one_stop, make_gateway, policy, i) for i in range(ITERATIONS)]:
             future.result()
-    assert time.monotonic() - t_start < 60
 
 
 def test_a_second_signal_forces_the_exit(make_gateway: Any) -> None:
