@@ -17,6 +17,7 @@ from gateway.auth import cli as keys_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.routing import cli as routing_cli
+from gateway.store import check_url as check_redis_url
 from gateway.tools import batch, bench
 
 
@@ -66,8 +67,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             insecure_no_auth=args.insecure_no_auth,
         )
         settings.auth_mode()
+        if settings.redis_url is not None:
+            check_redis_url(settings.redis_url)
     except ValueError as exc:
-        print(f"switchyard: bad settings: {exc}", file=sys.stderr)
+        print(f"switchyard: bad settings: {_one_line(exc)}", file=sys.stderr)
         return 2
     tlog.configure(settings.log_level, settings.log_format)
     try:
@@ -75,8 +78,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         _print_policy_error(exc)
         return 1
+    except runner.SetupError as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        return 2
     finally:
         tlog.shutdown()
+
+
+def _one_line(exc: ValueError) -> str:
+    """A settings error as one line (pydantic's own text spans several)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
+        )
+    return str(exc)
 
 
 def _print_policy_error(exc: PolicyError) -> None:

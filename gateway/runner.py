@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import structlog
 
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.procutil import child_preexec, free_port, run_async, wait_http_ok
-from gateway.store.embedded import EmbeddedRedis
+from gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError
 
 if TYPE_CHECKING:
     from gateway.replicas.status import LaunchSupervisor
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 _log = structlog.get_logger("switchyard")
 _WORKER_ENV = "SWITCHYARD_WORKER_SETTINGS"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class SetupError(Exception):
+    """A set-up ``serve`` cannot start with (the port is taken, no redis-server ...); the
+    message is one line that says what to do."""
 
 
 class SimProcess:
@@ -76,10 +82,16 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
 
 
 def serve(settings: Settings) -> int:
-    """Start what the settings need and serve until SIGINT/SIGTERM."""
+    """Start what the settings need and serve until SIGINT/SIGTERM.
+
+    Raises :class:`SetupError` when the port cannot be bound or no embedded Redis starts."""
+    _check_port(settings)
     with contextlib.ExitStack() as stack:
         if settings.redis_url is None:
-            redis = stack.enter_context(EmbeddedRedis())
+            try:
+                redis = stack.enter_context(EmbeddedRedis())
+            except EmbeddedRedisError as exc:
+                raise SetupError(str(exc)) from None
             settings = settings.model_copy(update={"redis_url": redis.url})
             _log.info("embedded_redis", url=redis.url)
         if settings.policy is None:
@@ -92,6 +104,30 @@ def serve(settings: Settings) -> int:
             return _serve_one(settings, holder, supervisor=supervisor)
         return _serve_workers(settings)
     return 0  # pragma: no cover - the with block always returns
+
+
+def _check_port(settings: Settings) -> None:
+    """Fail before anything starts when the port cannot be bound (the usual cause: another
+    gateway already runs there); the server binds it again for real later."""
+    if settings.port == 0:
+        return
+    from gateway.http.serve import bind_error
+
+    try:
+        addresses = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as sock:
+                # As the server will: reuse a port in TIME_WAIT, and share it between workers.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if settings.workers > 1:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+    except OSError as exc:
+        raise SetupError(bind_error(exc, settings.host, settings.port).strerror) from None
 
 
 def _start_launches(stack: contextlib.ExitStack, holder: PolicyHolder) -> LaunchSupervisor | None:
@@ -122,9 +158,13 @@ def _serve_one(
     supervisor: LaunchSupervisor | None = None,
 ) -> int:
     from gateway.http import create_app, serve
+    from gateway.http.serve import BindError
 
     app = create_app(settings, holder, supervisor=supervisor)
-    run_async(serve(app, settings.host, settings.port, reuse_port=reuse_port))
+    try:
+        run_async(serve(app, settings.host, settings.port, reuse_port=reuse_port))
+    except BindError as exc:
+        raise SetupError(exc.strerror) from None
     return 0
 
 
@@ -143,11 +183,20 @@ def _serve_workers(settings: Settings) -> int:
 
 
 def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
+    from gateway.http.serve import FORCED_EXIT_CODE
+
     cmd = [sys.executable, "-m", "gateway.runner"]
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
+        if stopping:
+            # A second signal: the workers are killed, not drained.
+            for proc in workers:
+                if proc.poll() is None:
+                    proc.kill()
+            _log.error("forced_exit", pid=os.getpid(), reason=f"second {signal.Signals(signum).name}")
+            raise SystemExit(FORCED_EXIT_CODE)
         stopping = True
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -156,7 +205,8 @@ def _supervise_workers(settings: Settings, env: dict[str, str]) -> int:
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=child_preexec)
 
-    workers = [spawn() for _ in range(settings.workers)]
+    workers: list[subprocess.Popen[bytes]] = []
+    workers += [spawn() for _ in range(settings.workers)]
     _log.info("workers_started", count=len(workers), pids=[w.pid for w in workers])
     backoff_s = 0.5
     while not stopping:

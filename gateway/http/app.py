@@ -26,6 +26,7 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http import messages_api, ops, proxy
 from gateway.http.admin import admin_app
 from gateway.http.middleware import context_middleware
+from gateway.http.serve import stop_task
 from gateway.http.state import (
     ACCOUNTING,
     AUTH_MODE,
@@ -39,6 +40,7 @@ from gateway.http.state import (
     METRICS,
     POLICY,
     POOL,
+    READINESS,
     REDIS,
     SECRETS,
     SETTINGS,
@@ -47,6 +49,7 @@ from gateway.http.state import (
     STATS,
     SUPERVISOR,
     TRACING,
+    Readiness,
 )
 from gateway.pipeline import Stages
 from gateway.providers.pool import UpstreamPool
@@ -67,8 +70,7 @@ async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop_task(task)
 
 
 async def _redis(app: web.Application) -> AsyncIterator[None]:
@@ -187,6 +189,7 @@ def create_app(
     app[SECRETS] = {}
     app[DRAINING] = asyncio.Event()
     app[IN_FLIGHT] = set()
+    app[READINESS] = Readiness()
     app[POLICY] = holder or PolicyHolder(settings.policy)
     pool = app[POOL] = UpstreamPool()
     app[DISPATCHER] = Dispatcher(pool)
@@ -201,6 +204,7 @@ def create_app(
         [_redis, _pool, _stats_writer, _accounting, _keys, _policy, _shared_state, _metrics_sync, _stages]
     )
     chat = proxy.proxy("/chat/completions", ChatCompletionRequest, True)
+    app.on_startup.append(ops.check_setup)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", proxy.proxy("/completions", CompletionRequest, True))
     app.router.add_post("/v1/embeddings", proxy.proxy("/embeddings", EmbeddingRequest, False))

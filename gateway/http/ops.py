@@ -1,19 +1,127 @@
-"""Operations endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and the dashboard page."""
+"""Operations endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and the dashboard page,
+and the set-up check a gateway runs once it starts.
+
+Ready means the gateway can answer: a policy is loaded, Redis has answered at least once
+since the start (a Redis that never answered is a wrong ``REDIS_URL``; one that goes away
+later only costs stats, so it does not make the gateway unready), and every tier has a
+deployment whose API key is set. A deployment whose ``api_key_env`` is unset is listed
+under ``missing_keys`` either way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from aiohttp import web
 
-from gateway.config import PolicyHolder
+from gateway.config import PolicyHolder, PolicySnapshot
 from gateway.http.responses import json_response
-from gateway.http.state import DASHBOARD_HTML, DISPATCHER, METRICS, POLICY, POOL, REDIS, STATS
+from gateway.http.state import (
+    DASHBOARD_HTML,
+    DISPATCHER,
+    METRICS,
+    POLICY,
+    POOL,
+    READINESS,
+    REDIS,
+    SETTINGS,
+    STATS,
+)
+from gateway.policy import Policy
 from gateway.replicas.status import readiness
+from gateway.store import display_url
 from gateway.telemetry import logging as tlog
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+_log = structlog.get_logger("switchyard")
+_REDIS_PING_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class MissingKey:
+    """A deployment whose ``api_key_env`` names an unset (or empty) variable."""
+
+    deployment: str
+    env: str
+
+
+def missing_keys(policy: Policy, environ: Mapping[str, str] | None = None) -> list[MissingKey]:
+    """The deployments of ``policy`` whose API key variable is unset or empty."""
+    environ = os.environ if environ is None else environ
+    return [
+        MissingKey(name, d.api_key_env)
+        for name, d in policy.deployments.items()
+        if d.api_key_env and not environ.get(d.api_key_env)
+    ]
+
+
+def keyless_tiers(policy: Policy, missing: list[MissingKey]) -> list[str]:
+    """The tiers none of whose deployments has its API key: nothing in them can answer."""
+    lacking = {m.deployment for m in missing}
+    return [
+        name
+        for name, members in policy.tiers.items()
+        if members and all(m.deployment in lacking for m in members)
+    ]
+
+
+def _key_problems(policy: Policy, missing: list[MissingKey]) -> list[str]:
+    problems = []
+    for tier in keyless_tiers(policy, missing):
+        names = [m.deployment for m in policy.tiers[tier]]
+        envs = sorted({m.env for m in missing if m.deployment in names})
+        problems.append(
+            f"tier {tier}: no deployment has its API key ({', '.join(names)}: "
+            f"{', '.join(envs)} not set): set it in the gateway's environment and restart"
+        )
+    return problems
+
+
+def _warn_missing_keys(snapshot: PolicySnapshot) -> None:
+    by_env: dict[str, list[str]] = {}
+    for item in missing_keys(snapshot.policy):
+        by_env.setdefault(item.env, []).append(item.deployment)
+    for env, names in by_env.items():
+        _log.warning(
+            "api_key_missing",
+            env=env,
+            deployments=names,
+            message=f"{env} is not set, so {', '.join(names)} cannot answer: export {env}=... and "
+            "restart the gateway (or remove those deployments from the policy)",
+        )
+
+
+def _redis_problem(url: str) -> str:
+    return (
+        f"cannot reach Redis at {display_url(url)} (REDIS_URL): start Redis there, fix REDIS_URL, "
+        "or unset it to use an embedded Redis"
+    )
+
+
+async def _ping(app: web.Application) -> bool:
+    try:
+        async with asyncio.timeout(_REDIS_PING_S):
+            await app[REDIS].ping()
+    except Exception:
+        return False
+    app[READINESS].redis_reached = True
+    return True
+
+
+async def check_setup(app: web.Application) -> None:
+    """Once, at start: one warning line for a Redis that does not answer and one for each
+    deployment whose API key is not set (again after a reload that adds one)."""
+    if not await _ping(app):
+        url = app[SETTINGS].redis_url or ""
+        _log.warning("redis_unreachable", url=display_url(url), message=_redis_problem(url))
+    holder = app[POLICY]
+    _warn_missing_keys(holder.current)
+    holder.on_change(_warn_missing_keys)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -37,22 +145,26 @@ def policy_status(holder: PolicyHolder) -> dict[str, Any]:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when a policy is loaded; shows a failed reload and whether Redis answers
-    (a Redis outage does not make the gateway unready: it keeps serving without stats)."""
-    redis_ok = True
-    try:
-        async with asyncio.timeout(0.5):
-            await request.app[REDIS].ping()
-    except Exception:
-        redis_ok = False
-    holder = request.app[POLICY]
+    """``GET /readyz``: 200 when ready, else 503 with ``problems`` saying what to fix (see
+    the module docstring); shows the policy (and a failed reload), whether Redis answers,
+    the deployments missing their API key, and the replica-backed deployments."""
+    app = request.app
+    redis_ok = await _ping(app)
+    holder = app[POLICY]
+    policy = holder.current.policy
+    missing = missing_keys(policy)
+    problems = _key_problems(policy, missing)
+    if not app[READINESS].redis_reached:
+        problems.insert(0, _redis_problem(app[SETTINGS].redis_url or ""))
     body = {
-        "status": "ready",
+        "status": "not_ready" if problems else "ready",
+        "problems": problems,
         "policy": policy_status(holder),
         "redis": redis_ok,
-        "replicas": readiness(request.app[POOL], list(holder.current.policy.deployments)),
+        "missing_keys": {m.deployment: m.env for m in missing},
+        "replicas": readiness(app[POOL], list(policy.deployments)),
     }
-    return json_response(body)
+    return json_response(body, status=503 if problems else 200)
 
 
 def sync_metrics(app: web.Application) -> None:

@@ -1,12 +1,19 @@
 """Serving the app: aiohttp's connection handler answering in OpenAI's error JSON, and the
-drain on SIGINT/SIGTERM (stop accepting, let what is in flight finish, cancel the rest)."""
+drain on SIGINT/SIGTERM (stop accepting, let what is in flight finish, cancel the rest).
+
+Stopping always ends the process: a second SIGINT/SIGTERM during the drain, or a stop
+that overruns ``drain_timeout_s`` by :data:`STOP_GRACE_S`, logs ``forced_exit`` and exits
+with :data:`FORCED_EXIT_CODE` at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 import structlog
@@ -19,6 +26,37 @@ from gateway.http.header_deadline import HeaderDeadlineHandler
 from gateway.http.state import DRAINING, IN_FLIGHT, POLICY, SETTINGS
 
 _log = structlog.get_logger("switchyard")
+
+FORCED_EXIT_CODE = 3
+"""The exit status of a stop that was forced (a second signal, or the stop overran)."""
+STOP_GRACE_S = 15.0
+"""How long past ``drain_timeout_s`` a stop may take before the process is ended anyway."""
+_TASK_STOP_TRIES = 10
+
+
+class BindError(OSError):
+    """The address to listen on is taken (or not ours to take); the message says what to do."""
+
+
+async def stop_task(task: asyncio.Task[Any], wait_s: float = 1.0) -> None:
+    """Cancel a background task and wait for its end, cancelling again while it runs on.
+
+    One ``cancel()`` is not always enough: on Python 3.11 ``asyncio.wait_for`` (which
+    redis-py wraps around every socket write) returns its result and drops a cancellation
+    that lands in the loop turn its write completes, so a ``while True`` loop such as the
+    stats writer's carries on. Waiting for it without a bound is what made ``serve`` hang
+    after SIGTERM. After ``_TASK_STOP_TRIES`` tries the task is left behind, logged.
+    """
+    for _ in range(_TASK_STOP_TRIES):
+        if task.done():
+            break
+        task.cancel()
+        await asyncio.wait({task}, timeout=wait_s)
+    if not task.done():
+        _log.warning("background_task_did_not_stop", task=task.get_name())
+        return
+    if not task.cancelled() and task.exception() is not None:
+        _log.warning("background_task_failed", task=task.get_name(), error=repr(task.exception()))
 
 
 class _JsonErrorHandler(HeaderDeadlineHandler):
@@ -98,9 +136,66 @@ async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> No
         await asyncio.wait(tasks, timeout=2.0)
 
 
+def bind_error(exc: OSError, host: str, port: int) -> BindError:
+    """``exc`` from binding ``host:port`` as one line saying what to do."""
+    if exc.errno == errno.EADDRINUSE:
+        return BindError(
+            exc.errno,
+            f"port {port} on {host} is already in use (another gateway or server is running "
+            f"there): stop it, or pick another port with --port or SWITCHYARD_PORT",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return BindError(
+            exc.errno, f"no permission to listen on {host}:{port}: use a port above 1023 (--port)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return BindError(
+            exc.errno, f"{host} is not an address of this machine: use 127.0.0.1 or 0.0.0.0 (--host)"
+        )
+    return BindError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+def force_exit(reason: str) -> None:
+    """Log one ``forced_exit`` line and end the process now (children stop with it: each was
+    started with a parent-death signal)."""
+    from gateway.telemetry import logging as tlog
+
+    _log.error("forced_exit", pid=os.getpid(), reason=reason, exit_code=FORCED_EXIT_CODE)
+    tlog.shutdown()
+    os._exit(FORCED_EXIT_CODE)
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM: the first starts the drain (and a watchdog that ends a stop that
+    overruns its bound), any later one forces the exit."""
+
+    def __init__(self, bound_s: float) -> None:
+        self.requested = asyncio.Event()
+        self._bound_s = bound_s
+        self._watchdog: threading.Timer | None = None
+
+    def __call__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.requested.is_set():
+            force_exit(f"second {name} during the stop")
+        self.requested.set()
+        # A thread, not the loop: it fires even if the loop itself is stuck.
+        self._watchdog = threading.Timer(
+            self._bound_s, force_exit, args=(f"the stop took longer than {self._bound_s:g} s",)
+        )
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def cancel(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+
 async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting, let the requests and streams in
-    flight finish for up to ``drain_timeout_s``, cancel what is left, and close."""
+    flight finish for up to ``drain_timeout_s``, cancel what is left, and close.
+
+    Raises :class:`BindError` when ``host:port`` cannot be bound."""
     runner = _Runner(
         app,
         handler_cancellation=True,
@@ -110,15 +205,20 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=1024)
-    await site.start()
-    stop = asyncio.Event()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise bind_error(exc, host, port) from None
+    signals = _StopSignals(app[SETTINGS].drain_timeout_s + STOP_GRACE_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals, sig)
     _log.info("listening", url=f"http://{host}:{port}", pid=os.getpid(), policy=app[POLICY].current.source)
     try:
-        await stop.wait()
+        await signals.requested.wait()
         await _drain(app, runner, site)
     finally:
         await runner.cleanup()
+        signals.cancel()
     _log.info("stopped", pid=os.getpid())

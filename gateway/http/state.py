@@ -4,6 +4,7 @@ from here (a leaf module: it wires nothing)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +24,15 @@ from gateway.shaping.service import ShapingState
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What ``/readyz`` remembers between calls."""
+
+    redis_reached: bool = False
+    """Redis has answered since the start (until then a wrong URL is the likelier cause)."""
+
 
 SETTINGS = web.AppKey("settings", Settings)
 POLICY = web.AppKey("policy", PolicyHolder)
@@ -45,5 +55,6 @@ AUTH_MODE = web.AppKey("auth_mode", str)
 SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
 DRAINING = web.AppKey("draining", asyncio.Event)
 IN_FLIGHT = web.AppKey("in_flight", set[asyncio.Task[Any]])
+READINESS = web.AppKey("readiness", Readiness)
 
 CTX = web.RequestKey("ctx", RequestContext)

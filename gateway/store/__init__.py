@@ -19,9 +19,40 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-__all__ = ["CLUSTER_SCHEMES", "connect", "is_cluster_url"]
+__all__ = ["CLUSTER_SCHEMES", "SCHEMES", "check_url", "connect", "display_url", "is_cluster_url"]
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+"""The URL schemes :func:`connect` takes."""
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError, with the fix in its message, when ``url`` is not a Redis URL
+    :func:`connect` takes (the common slip: ``localhost:6379`` without ``redis://``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        shown = url if "@" not in url else "***@" + url.rpartition("@")[2]
+        raise ValueError(
+            f"REDIS_URL {shown!r} has no scheme: write redis://{shown} "
+            "(or rediss://, unix:///path/to.sock, redis+cluster://)"
+        )
+    if scheme.lower() not in SCHEMES:
+        raise ValueError(
+            f"REDIS_URL {display_url(url)!r} has the scheme {scheme!r}: use one of "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    if not rest.strip("/"):
+        raise ValueError(f"REDIS_URL {url!r} names no host or socket: e.g. redis://127.0.0.1:6379/0")
+
+
+def display_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for logs and ``/readyz``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    netloc = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
 
 
 def is_cluster_url(url: str) -> bool:

@@ -19,9 +19,14 @@ absolute (``loop.time()``), so sleeps do not drift; with ``itl_ms`` 0 nothing sl
 Answers: ``n`` tokens of a fixed English sentence read in order from a word chosen by a
 hash of the prompt, 4 bytes per token; ``n`` is drawn from ``output_tokens`` by the same
 hash, cut by ``max_completion_tokens``/``max_tokens`` (``finish_reason`` ``length``).
-``response_format`` json_object/json_schema: ``{"answer": "..."}``. ``tool_choice``
-``"required"`` (first tool) or naming a function: one tool call with arguments ``"{}"``,
-``finish_reason`` ``tool_calls``. ``n`` > 1 and lists of prompts give one choice each.
+``response_format`` json_object (or a json_schema that is any object):
+``{"answer": "..."}``; any other json_schema: a value that validates against it, as long
+as the schema makes it (:mod:`local_backend.sim._schema`, seeded by the prompt's hash).
+``tool_choice`` ``"required"`` (first tool) or naming a function: one tool call whose
+arguments validate against the tool's ``parameters``, ``finish_reason`` ``tool_calls``.
+``logprobs``/``top_logprobs`` (chat) and ``logprobs`` (completions): per 4-character
+token, in OpenAI's shapes, stream and not (:mod:`local_backend.sim._logprobs`).
+``n`` > 1 and lists of prompts give one choice each.
 Streams: a ``role`` chunk, then one chunk per ``chunk_tokens`` tokens (the last one
 carries ``finish_reason``), then, only with ``stream_options.include_usage``, a chunk
 with ``choices: []`` and ``usage`` (every earlier chunk then says ``"usage": null``),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from local_backend.sim._answers import Choice, Output, make_choice
 from local_backend.sim._config import ModelProfile
 from local_backend.sim._faults import FaultPlan
+from local_backend.sim._logprobs import chat_logprobs, completion_logprobs
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -20,23 +21,21 @@ from local_backend.sim._request import (
     forced_tool,
     forever,
     int_param,
+    logprobs_param,
     max_tokens_param,
     reject,
+    response_schema,
     sleep_until,
     stream_params,
+    tool_parameters,
     wants_json,
 )
 from local_backend.sim._tokens import (
     BYTES_PER_TOKEN,
-    JSON_MIN_TOKENS,
-    JSON_SUFFIX,
-    answer_text,
     block_hashes,
     cached_token_count,
     choice_seed,
     is_cacheable,
-    json_answer,
-    natural_length,
     prompt_seed,
     token_count,
 )
@@ -44,50 +43,6 @@ from local_backend.sim._tokens import (
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
 _MALFORMED = b"data: {not json\n\n"
-
-
-@dataclass(slots=True)
-class _Choice:
-    index: int
-    text: str  # the content, or a tool call's arguments
-    tokens: int
-    finish_reason: str
-    tool_name: str | None = None
-    tool_id: str = ""
-
-
-def _make_choice(
-    index: int,
-    seed: int,
-    profile: ModelProfile,
-    max_tokens: int | None,
-    json_requested: bool,
-    tool_name: str | None,
-    plan: FaultPlan,
-) -> _Choice:
-    if plan.empty:
-        return _Choice(index, "", 0, "stop")
-    if tool_name is not None:
-        arguments = "{}"
-        tokens = token_count((tool_name + arguments).encode())
-        return _Choice(index, arguments, tokens, "tool_calls", tool_name, f"call_{seed:08x}{index:016x}")
-    json_out = json_requested or plan.bad_json
-    natural = natural_length(seed, profile.output_tokens)
-    if json_out:
-        natural = max(natural, JSON_MIN_TOKENS)
-    tokens, finish = natural, "stop"
-    if plan.length_tokens is not None and plan.length_tokens < tokens:
-        tokens, finish = plan.length_tokens, "length"
-    if max_tokens is not None and max_tokens < tokens:
-        tokens, finish = max_tokens, "length"
-    if json_out:
-        text = json_answer(seed, natural)
-        if plan.bad_json:
-            text = text[: -len(JSON_SUFFIX)]  # an unterminated string: not JSON
-        text = text[: tokens * BYTES_PER_TOKEN]
-    else:
-        text = answer_text(seed, tokens * BYTES_PER_TOKEN)
-    return _Choice(index, text, token_count(text.encode()), finish)
 
 
 class _Events:
@@ -130,9 +85,11 @@ class _Generation:
         prompts: list[bytes],
         salt: bytes,
         plan: FaultPlan,
+        top_logprobs: int | None = None,
     ) -> None:
         self.call = call
         self.chat = chat
+        self.top_logprobs = top_logprobs  # None: no logprobs asked for
         self.model = model
         self.profile = profile
         self.prompts = prompts
@@ -141,7 +98,7 @@ class _Generation:
         self.metrics = call.state.metrics_for(model)
         self.prompt_tokens = sum(token_count(p) for p in prompts)
         self.cached_tokens = 0
-        self.choices: list[_Choice] = []
+        self.choices: list[Choice] = []
         self.loop = asyncio.get_running_loop()
         self.arrival = self.loop.time()
         self.first_at = self.arrival
@@ -249,12 +206,21 @@ class _Generation:
 
     # answers
 
-    def _choice_body(self, choice: _Choice) -> dict[str, Any]:
+    def _logprobs(self, choice: Choice, text: str, first_token: int) -> dict[str, Any] | None:
+        top = self.top_logprobs
+        if top is None or choice.tool_name is not None:
+            return None
+        if self.chat:
+            return chat_logprobs(text, first_token, top)
+        return completion_logprobs(text, first_token, top, first_token * BYTES_PER_TOKEN)
+
+    def _choice_body(self, choice: Choice) -> dict[str, Any]:
+        logprobs = self._logprobs(choice, choice.text, 0)
         if not self.chat:
             return {
                 "index": choice.index,
                 "text": choice.text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
             }
         message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
@@ -270,7 +236,7 @@ class _Generation:
         return {
             "index": choice.index,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": choice.finish_reason,
         }
 
@@ -326,17 +292,26 @@ class _Generation:
                 out.append(events.choice(end))
         return out
 
-    def _piece(self, events: _Events, choice: _Choice, first_token: int, final: bool) -> bytes:
+    def _piece(self, events: _Events, choice: Choice, first_token: int, final: bool) -> bytes:
         if choice.tool_name is not None:
             delta = {"tool_calls": [{"index": 0, "function": {"arguments": choice.text}}]}
             return events.choice(
                 {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": "tool_calls"}
             )
         start = first_token * BYTES_PER_TOKEN
-        if final:
-            return events.content(choice.index, choice.text[start:], choice.finish_reason)
         size = self.call.state.config.chunk_tokens * BYTES_PER_TOKEN
-        return events.content(choice.index, choice.text[start : start + size], None)
+        piece = choice.text[start:] if final else choice.text[start : start + size]
+        finish = choice.finish_reason if final else None
+        if self.top_logprobs is None:
+            return events.content(choice.index, piece, finish)
+        # Off the benchmark's hot path: only a request that asks for logprobs builds this.
+        body: dict[str, Any] = {"index": choice.index}
+        if self.chat:
+            body["delta"] = {"content": piece}
+        else:
+            body["text"] = piece
+        body.update(logprobs=self._logprobs(choice, piece, first_token), finish_reason=finish)
+        return events.choice(body)
 
     async def stream(self, include_usage: bool) -> web.StreamResponse:
         call = self.call
@@ -426,12 +401,20 @@ async def generate(
     stream, include_usage = stream_params(body)
     max_tokens = max_tokens_param(body)
     n = int_param(body, "n", 1, 128) or 1
-    json_out = wants_json(body) if chat else False
-    tool_name = forced_tool(body) if chat else None
+    output = Output()
+    if chat:
+        tool_name = forced_tool(body)
+        output = Output(
+            json_object=wants_json(body),
+            schema=response_schema(body),
+            tool_name=tool_name,
+            tool_parameters=tool_parameters(body, tool_name) if tool_name is not None else None,
+        )
+    top_logprobs = logprobs_param(body, chat)
     salt_value = body.get("cache_salt")
     salt = salt_value.encode() if isinstance(salt_value, str) else b""
     plan = fault_plan(call, model, generation=True)
-    gen = _Generation(call, chat, model, profile, prompts, salt, plan)
+    gen = _Generation(call, chat, model, profile, prompts, salt, plan, top_logprobs)
     call.record["prompt_tokens"] = gen.prompt_tokens
     await reject(plan, gen.prompt_tokens, param)
     state = call.state
@@ -440,7 +423,7 @@ async def generate(
         for j in range(n):
             index = p_index * n + j
             gen.choices.append(
-                _make_choice(index, choice_seed(seed, index), profile, max_tokens, json_out, tool_name, plan)
+                make_choice(index, choice_seed(seed, index), profile, max_tokens, output, plan)
             )
     if stream:
         # Headers go out at once, as vLLM's do; the first event waits for the first token.

@@ -20,6 +20,7 @@ from local_backend.sim._faults import (
     build_plan,
     parse_fault_specs,
 )
+from local_backend.sim._logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from local_backend.sim._state import SimState
 
 MAX_LIST_INPUTS = 2048
@@ -252,6 +253,45 @@ def wants_json(body: dict[str, Any]) -> bool:
     if kind not in ("text", "json_object", "json_schema"):
         raise invalid_value("response_format", "type must be one of 'text', 'json_object', 'json_schema'.")
     return bool(kind != "text")
+
+
+def response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema of a ``json_schema`` response format (None for any other format)."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise invalid("response_format.json_schema", "an object", spec)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid("response_format.json_schema.schema", "an object", schema)
+    return schema
+
+
+def tool_parameters(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """The ``parameters`` schema of the tool ``name`` (an empty object schema if it has none)."""
+    for tool in body.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == name:
+            parameters = function.get("parameters")
+            if isinstance(parameters, dict):
+                return parameters
+    return {"type": "object", "properties": {}}
+
+
+def logprobs_param(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives per token the request asks for, or None if it asks for no
+    logprobs (chat: ``logprobs: true`` and ``top_logprobs``; completions: ``logprobs: k``)."""
+    if not chat:
+        return int_param(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise invalid("logprobs", "a boolean", wanted)
+    top = int_param(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise invalid_value("top_logprobs", "'logprobs' must be set to true when 'top_logprobs' is used.")
+    return (top or 0) if wanted else None
 
 
 def forced_tool(body: dict[str, Any]) -> str | None:
