@@ -94,7 +94,7 @@ class Dispatcher:
         self.clock = clock
         self.breakers = Breakers(clock)
         self.retry_budget = Budget(0.2, 1.0, 10.0, clock)
-        self.hedge_budget = Budget(0.1, 0.0, 10.0, clock)
+        self.hedge_budget = Budget(0.2, 1.0, 10.0, clock)
         self._latency: dict[tuple[str, bool], LatencyWindow] = {}
         self.counters: dict[str, int] = {
             "retries": 0,
@@ -112,7 +112,9 @@ class Dispatcher:
         self.breakers.watch(list(policy.deployments))
         budget = dispatch.retries.budget
         self.retry_budget.configure(budget.ratio, budget.min_per_s, budget.window_s)
-        self.hedge_budget.configure(dispatch.hedge.budget_ratio, 0.0, budget.window_s)
+        self.hedge_budget.configure(
+            dispatch.hedge.budget_ratio, dispatch.hedge.budget_min_per_s, budget.window_s
+        )
 
     def available(self, name: str) -> bool:
         """Whether routing may choose ``name`` now: its circuit is not open and it is ready."""

@@ -104,7 +104,12 @@ class HedgePolicy(StrictModel):
     min_after_s: Seconds = Field(0.05, ge=0)
     default_after_s: Seconds = Field(1.0, gt=0)
     max_extra: int = Field(1, ge=1, le=3)
-    budget_ratio: float = Field(0.1, ge=0, le=1, description="Hedges at most this share of requests.")
+    budget_ratio: float = Field(0.2, ge=0, le=1, description="Hedges at most this share of requests.")
+    budget_min_per_s: float = Field(
+        1.0,
+        ge=0,
+        description="Hedges always allowed per second, whatever the share (so a quiet gateway hedges too).",
+    )
 
 
 class DispatchPolicy(StrictModel):

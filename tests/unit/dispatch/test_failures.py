@@ -37,7 +37,9 @@ def test_upstream_faults_count_against_the_circuit_and_client_faults_do_not() ->
     unwell = [failure("connect", "x"), failure("idle_timeout", "x"), status_error("d", 500, b"", {})]
     # Rejected credentials are the deployment's fault (a revoked key): they count too.
     unwell += [status_error("d", s, b"{}", {}) for s in (401, 403)]
-    unwell += [failure(r, "x") for r in ("first_byte_timeout", "empty_answer", "invalid_answer", "error_answer")]
+    unwell += [
+        failure(r, "x") for r in ("first_byte_timeout", "empty_answer", "invalid_answer", "error_answer")
+    ]
     well = [status_error("d", s, b"{}", {}) for s in (400, 404, 408, 429, 501)]
     assert all(is_unwell(e) for e in unwell)
     assert not any(is_unwell(e) for e in well)
