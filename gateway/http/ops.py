@@ -51,6 +51,8 @@ async def readyz(request: web.Request) -> web.Response:
         "policy": policy_status(holder),
         "redis": redis_ok,
         "replicas": readiness(request.app[POOL], list(holder.current.policy.deployments)),
+        # Each deployment's circuit and its latest failure (a revoked key shows as "401").
+        "circuits": request.app[DISPATCHER].breakers.status(),
     }
     return json_response(body)
 
