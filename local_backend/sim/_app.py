@@ -56,7 +56,7 @@ def _api(endpoint: str, impl: _Impl) -> Callable[[web.Request], Awaitable[web.St
             try:
                 return await impl(call)
             except Canned as canned:  # an answering fault: a made-up broken answer
-                return await answer(call, canned.spec)
+                return await answer(request, call.record, stats.finish, canned.name)
         except SimError as exc:
             call.record["status"] = exc.status
             stats.finish(call.record, exc.outcome)

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
-
-if TYPE_CHECKING:
-    from local_backend.sim._faults import FaultSpec
-    from local_backend.sim._request import Call
 
 ANSWERING = ("empty_200", "error_200", "truncated_200", "invalid_200", "done_in_content", "done_no_close",
              "headers_hang")  # fmt: skip
@@ -37,23 +34,24 @@ _ERROR = {"error": {"message": "The server had an error while processing your re
 class Canned(Exception):
     """Raised instead of generating; the endpoint wrapper answers with :func:`answer`."""
 
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec.name)
-        self.spec = spec
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
 
 
-async def answer(call: Call, spec: FaultSpec) -> web.StreamResponse:
-    """Write the fault's answer (``call.record`` says the endpoint, model and whether to stream)."""
-    record = call.record
+async def answer(
+    request: web.Request, record: dict[str, Any], finish: Callable[[dict[str, Any], str], None], name: str
+) -> web.StreamResponse:
+    """Write the answer of fault ``name``; ``record`` (the request's entry in the simulator's
+    stats) says the endpoint, the model and whether to stream, ``finish`` closes it."""
     record["status"] = 200
     stream = bool(record.get("stream"))
     model = str(record.get("model") or "sim")
-    whole = _whole(record["endpoint"], model, spec.name)
-    name = spec.name
+    whole = _whole(record["endpoint"], model, name)
     if not stream:
         if name == "headers_hang":
             resp = web.StreamResponse(headers=_JSON)
-            await resp.prepare(call.request)
+            await resp.prepare(request)
             await _hold_open()
         body = {
             "empty_200": b"",
@@ -61,10 +59,10 @@ async def answer(call: Call, spec: FaultSpec) -> web.StreamResponse:
             "truncated_200": whole[: len(whole) // 2],
             "invalid_200": _INVALID[6:-2],
         }.get(name, whole)
-        call.state.stats.finish(record, name)
+        finish(record, name)
         return web.Response(body=body, headers=_JSON)
     resp = web.StreamResponse(headers=_SSE)
-    await resp.prepare(call.request)
+    await resp.prepare(request)
     events = _Chunks(model)
     if name == "error_200":
         await resp.write(b"data: " + orjson.dumps(_ERROR) + b"\n\n")
@@ -87,7 +85,7 @@ async def answer(call: Call, spec: FaultSpec) -> web.StreamResponse:
         await _hold_open()
     # empty_200 (and the ones above that end early): the stream ends with no [DONE].
     await resp.write_eof()
-    call.state.stats.finish(record, name)
+    finish(record, name)
     return resp
 
 

@@ -363,7 +363,7 @@ async def reject(plan: FaultPlan, prompt_tokens: int, param: str) -> None:
     if spec.name == "hang":
         await forever()
     if spec.name in ANSWERING:
-        raise Canned(spec)
+        raise Canned(spec.name)
     raise _fault_error(spec, prompt_tokens, param)
 
 
