@@ -45,6 +45,7 @@ class OpenStream:
     __slots__ = (
         "_chunks",
         "_ctx",
+        "_eof",
         "_pool",
         "_resp",
         "_timeouts",
@@ -72,6 +73,7 @@ class OpenStream:
         self.upstream = upstream
         self._resp = resp
         self._chunks = chunks
+        self._eof = False
         self.scanner = scanner
         self.first = first
         self._timeouts = timeouts
@@ -101,6 +103,7 @@ class OpenStream:
                 async with asyncio.timeout_at(deadline):
                     chunk = await anext(self._chunks)
             except StopAsyncIteration:
+                self._eof = True
                 break
             except TimeoutError:
                 if self._total_deadline is not None and loop.time() >= self._total_deadline:
@@ -121,20 +124,48 @@ class OpenStream:
             if scanner.malformed is not None:
                 raise malformed_error(name, scanner.malformed)
             if scanner.done:
-                # The end is [DONE] itself: an upstream that keeps the connection open
-                # after it is not waited for (close() drops that connection).
+                # The end is [DONE] itself: the client's answer ends now, whether or not
+                # the upstream ends its body (close() deals with the connection).
                 return
         if not scanner.done:
             raise failure("stream_incomplete", f"deployment '{name}' ended the stream before it finished")
 
     def close(self) -> None:
-        """Return the connection if the stream was read to its end, else drop it (the
-        transport drops it anyway when the upstream's body has not ended)."""
-        if self.scanner.done:
+        """Return the connection if the stream was read to its end, else drop it. After
+        ``[DONE]`` the upstream's end of body usually follows at once: it is awaited off
+        the client's path, for at most :data:`DRAIN_AFTER_DONE_S`, so the connection can
+        be reused (an upstream that keeps it open past that loses it)."""
+        if self.scanner.done and self._eof:
             self._resp.release()
+        elif self.scanner.done:
+            task = asyncio.ensure_future(_drain(self._resp, self._chunks))
+            _DRAINING.add(task)
+            task.add_done_callback(_DRAINING.discard)
         else:
             self._resp.close()
         self._pool.release(self.upstream)
+
+
+DRAIN_AFTER_DONE_S = 0.5
+"""How long a connection whose stream sent ``[DONE]`` may take to end its body."""
+
+_DRAINING: set[asyncio.Future[None]] = set()
+
+
+async def _drain(resp: TransportResponse, chunks: AsyncIterator[bytes]) -> None:
+    """Wait for the end of a body whose answer is complete (bytes after ``[DONE]`` are
+    ignored), then return the connection to the pool; drop it if the end does not come."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
+            async for _ in chunks:
+                pass
+    except asyncio.CancelledError:
+        resp.close()
+        raise
+    except Exception:  # the end did not come in time, or the connection broke
+        resp.close()
+    else:
+        resp.release()
 
 
 def _headers(ctx: RequestContext) -> dict[str, str]:

@@ -15,6 +15,7 @@ import pytest
 from gateway.dispatch.attempt import OpenStream
 from gateway.errors import SwitchyardError, UpstreamError
 from gateway.providers.mock import MockRequest, MockResponse
+from gateway.routing.resolve import Route
 from tests.unit.dispatch.test_dispatcher import BODY, FAST, OK, ONLY_A, Handler, Setup, answer, sequence
 from tests.unit.dispatch.virtual_time import run
 
@@ -404,3 +405,30 @@ def test_the_stream_ends_at_done_even_if_the_upstream_keeps_the_connection_open(
 def test_ok_answers_still_pass() -> None:
     setup = Setup({"a": answer(obj=OK)})
     assert b'"id":"x"' in run(setup.dispatcher.unary(setup.ctx(), ONLY_A, "/chat/completions", BODY)).body
+
+
+def test_after_done_the_connection_is_reused_when_the_body_ends_and_dropped_when_it_does_not() -> None:
+    responses: list[MockResponse] = []
+
+    def keeping(open_after_done: bool) -> Handler:
+        async def handler(request: MockRequest) -> MockResponse:
+            kind = _KeepsOpen if open_after_done else MockResponse
+            response = kind(200, {"Content-Type": "text/event-stream"}, MockResponse.sse([CHUNK]).chunks)
+            responses.append(response)
+            return response
+
+        return handler
+
+    setup = Setup({"a": keeping(False), "b": keeping(True)})
+
+    async def go() -> None:
+        for route in (ONLY_A, Route("fast", ("b",), "default")):
+            await read_stream(
+                await setup.dispatcher.open_stream(setup.ctx(), route, "/chat/completions", STREAM)
+            )
+        await asyncio.sleep(1.0)  # past the drain's grace
+
+    run(go())
+    ended, kept_open = responses
+    assert ended.released and not ended.closed
+    assert kept_open.closed and not kept_open.released
