@@ -196,6 +196,7 @@ class Dispatcher:
                 left_s = run.deadline - asyncio.get_running_loop().time()
                 if left_s <= wait_s:
                     # No retry starts that could not end within total_s.
+                    self.breakers.abandon(candidate.name)  # a half-open probe it may hold
                     if last is not None:
                         raise last
                     raise failure("total_timeout", f"the request did not finish within total_s={run.total_s}")
@@ -207,9 +208,6 @@ class Dispatcher:
                 last = exc
                 if not may_retry(exc, retries.retry_on) or extra >= retries.max:
                     raise
-                if not retries_same_deployment(exc):
-                    # Rejected credentials stay rejected: fall back, never back here.
-                    run.cooling_until[candidate.name] = math.inf
                 if isinstance(exc, RateLimitError) and exc.retry_after_s is not None:
                     # Honour Retry-After for that deployment; one that asks for longer than the
                     # cap is not waited for (another deployment may answer, else the 429 goes out).
@@ -310,6 +308,9 @@ class Dispatcher:
                 reason = failure_reason(exc)
                 tracing.attempt_outcome(span, reason or "error", exc.upstream_status)
                 self.breakers.record(name, not is_unwell(exc), started_at=started, reason=reason)
+                if not retries_same_deployment(exc):
+                    # Rejected credentials stay rejected: fall back, never back here.
+                    run.cooling_until[name] = math.inf
                 raise
             except asyncio.CancelledError:
                 tracing.attempt_outcome(span, "cancelled")
