@@ -37,7 +37,8 @@ class Deployment(StrictModel):
     """One upstream model endpoint that requests can be sent to."""
 
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
-        "openai", description="Wire protocol family; both speak OpenAI's API."
+        "openai",
+        description="Wire protocol family: openai, vllm (OpenAI's API) or anthropic (the Messages API).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
@@ -55,9 +56,30 @@ class Deployment(StrictModel):
         description="Ask the upstream for usage on streams; the extra chunk is stripped "
         "before forwarding when the client did not ask for it.",
     )
-    cache_breakpoints: bool = Field(
-        False,
-        description="Mark the end of the stable prefix with an Anthropic-style cache_control breakpoint.",
+    cache_breakpoints: bool | None = Field(
+        None,
+        description="Place Anthropic-style cache_control breakpoints at the end of the stable prefix "
+        "(provider anthropic: tools, stable system prompt, previous turn); default: on for "
+        "provider anthropic, off for the others.",
+    )
+    cache_ttl: Literal["5m", "1h"] = Field(
+        "5m", description="TTL of the breakpoints the gateway places (provider anthropic); 1h writes cost 2x."
+    )
+    min_cache_tokens: int = Field(
+        1024,
+        ge=0,
+        description="The model's minimum cacheable prompt length: no breakpoint is placed before it.",
+    )
+    max_tokens: int = Field(
+        4096, ge=1, description="max_tokens sent when the client sets none (provider anthropic requires one)."
+    )
+    anthropic_version: str = Field(
+        "2023-06-01", description="The anthropic-version header (provider anthropic)."
+    )
+    structured_outputs: bool = Field(
+        True,
+        description="The model supports structured output (response_format json_schema); "
+        "when false such requests are refused with a 400 (provider anthropic).",
     )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",

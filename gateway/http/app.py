@@ -23,7 +23,7 @@ from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
 from gateway.dashboard import DashboardStats
 from gateway.dispatch.dispatcher import Dispatcher
-from gateway.http import ops, proxy
+from gateway.http import messages_api, ops, proxy
 from gateway.http.admin import admin_app
 from gateway.http.middleware import context_middleware
 from gateway.http.state import (
@@ -202,6 +202,8 @@ def create_app(
     app.router.add_get("/v1/models", proxy.list_models)
     app.router.add_get("/v1/models/{model}", proxy.get_model)
     app.router.add_post("/v1/fanout", proxy.fanout)
+    app.router.add_post("/v1/messages", messages_api.messages)
+    app.router.add_post("/v1/messages/count_tokens", messages_api.count_tokens)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)

@@ -56,11 +56,12 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> SwitchyardError
 
 
 async def _authenticate(request: web.Request, ctx: RequestContext) -> None:
-    token = bearer_token(request.headers.get("Authorization"))
+    # Anthropic's SDKs send the key as x-api-key.
+    token = bearer_token(request.headers.get("Authorization")) or request.headers.get("x-api-key")
     if token is None:
         raise AuthenticationError(
-            "You didn't provide an API key. Send 'Authorization: Bearer <key>' with a key from "
-            "`switchyard keys create`."
+            "You didn't provide an API key. Send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+            "with a key from `switchyard keys create`."
         )
     key = await request.app[KEYS].verify(token)
     ctx.key = key
@@ -93,7 +94,8 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             await _authenticate(request, ctx)
         elif api:
             # No virtual keys: the per-key views name a client by a short hash of its token.
-            ctx.key_id = key_label(request.headers.get("Authorization"))
+            api_key = request.headers.get("x-api-key")
+            ctx.key_id = key_label(request.headers.get("Authorization") or (api_key and f"Bearer {api_key}"))
         resp = await handler(request)
     except SwitchyardError as exc:
         ctx.error_code = exc.code

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.context import RequestContext
+from gateway.dialects.anthropic_inbound import error_object
 from gateway.errors import InvalidRequestError, SwitchyardError, UpstreamUnavailableError
 from gateway.http.state import DRAINING
 from gateway.telemetry import tracing
@@ -22,15 +23,18 @@ def json_response(obj: Any, status: int = 200) -> web.Response:
 
 
 def error_response(exc: SwitchyardError, ctx: RequestContext | None = None) -> web.Response:
-    """OpenAI's error JSON for ``exc``, with the request's routing headers when it has a context."""
+    """OpenAI's error JSON for ``exc`` (Anthropic's on ``/v1/messages``), with the request's
+    routing headers when it has a context."""
     # The gateway has already retried what was worth retrying: the SDKs must not add a
     # second layer of retries on top (the official openai SDK obeys this header).
     headers = {**exc.headers, "x-should-retry": "false"}
+    body = exc.to_json()
     if ctx is not None:
         headers.update(route_headers(ctx))
-    return web.Response(
-        body=exc.to_json(), status=exc.status, headers=headers, content_type="application/json"
-    )
+        if ctx.endpoint.startswith("/v1/messages"):
+            # Anthropic's Messages API answers errors in its own JSON.
+            body = orjson.dumps(error_object(exc))
+    return web.Response(body=body, status=exc.status, headers=headers, content_type="application/json")
 
 
 def route_headers(ctx: RequestContext) -> dict[str, str]:

@@ -11,5 +11,6 @@ PROVIDERS: dict[str, str] = {
     "openai": "gateway.providers.openai:OpenAIProvider",
     # A vLLM deployment is one URL or, with launch:/replicas:, a set of replicas the gateway watches.
     "vllm": "gateway.replicas.upstream:ReplicaSetUpstream",
+    "anthropic": "gateway.providers.anthropic:AnthropicProvider",
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""

@@ -115,7 +115,7 @@ def read_input(path: Path) -> Iterator[Item | Bad]:
                 yield Item(number, custom_id, url, body, estimate_tokens(body))
 
 
-class Limiter:
+class RequestPacer:
     """Requests and tokens per minute as two token buckets refilled continuously, each
     holding one second's worth: the load is spread evenly, never sent in a minute's burst."""
 
@@ -205,11 +205,11 @@ class Progress:
 
 
 async def _send(
-    session: aiohttp.ClientSession, base_url: str, item: Item, limiter: Limiter, max_retries: int
+    session: aiohttp.ClientSession, base_url: str, item: Item, pacer: RequestPacer, max_retries: int
 ) -> dict[str, Any]:
     attempt = 0
     while True:
-        await limiter.take(item.tokens)
+        await pacer.take(item.tokens)
         try:
             async with session.post(base_url + item.url, json=item.body) as resp:
                 data = await resp.read()
@@ -255,7 +255,7 @@ async def run_batch(args: argparse.Namespace) -> int:
             progress.tick(False)
         else:
             queue.put_nowait(entry)
-    limiter = Limiter(args.rpm, args.tpm)
+    pacer = RequestPacer(args.rpm, args.tpm)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = aiohttp.ClientTimeout(total=args.timeout_s)
     base_url = args.base_url.rstrip("/").removesuffix("/v1")
@@ -266,7 +266,7 @@ async def run_batch(args: argparse.Namespace) -> int:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            record = await _send(session, base_url, item, limiter, args.max_retries)
+            record = await _send(session, base_url, item, pacer, args.max_retries)
             output.write(record)
             status = (record["response"] or {}).get("status_code")
             progress.tick(status is not None and 200 <= status < 300)

@@ -18,6 +18,7 @@ from local_backend.sim._canned import Canned, answer
 from local_backend.sim._config import SimConfig
 from local_backend.sim._faults import FaultRule
 from local_backend.sim._generate import generate
+from local_backend.sim._messages import count_tokens, messages
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -260,6 +261,8 @@ def create_app(config: SimConfig) -> web.Application:
     add_post("/v1/chat/completions", _api("/v1/chat/completions", _chat_completions))
     add_post("/v1/completions", _api("/v1/completions", _completions))
     add_post("/v1/embeddings", _api("/v1/embeddings", _embeddings))
+    add_post("/v1/messages", _api("/v1/messages", messages))
+    add_post("/v1/messages/count_tokens", _api("/v1/messages/count_tokens", count_tokens))
     add_get("/v1/models", _list_models)
     add_get("/health", _health)
     add_get("/metrics", _metrics)

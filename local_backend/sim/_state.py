@@ -12,6 +12,7 @@ from aiohttp import web
 
 from local_backend.sim._config import ModelProfile, SimConfig
 from local_backend.sim._faults import FaultTable
+from local_backend.sim._messages_cache import MessagesCache
 from local_backend.sim._stats import ModelMetrics, SimStats
 from local_backend.sim._tokens import PrefixCache
 
@@ -67,6 +68,8 @@ class SimState:
         self.stats = SimStats()
         self.metrics: dict[str, ModelMetrics] = {name: ModelMetrics() for name in config.models}
         self.caches: dict[str, PrefixCache] = {}
+        # Anthropic's explicit-breakpoint cache (POST /v1/messages), one per model.
+        self.messages_caches: dict[str, MessagesCache] = {}
         self.admissions: dict[str, Admission] = {}
         self.started_at = int(time.time())
         self._id_prefix = os.urandom(6).hex()
@@ -116,6 +119,8 @@ class SimState:
         self.faults.rules.clear()
         for cache in self.caches.values():
             cache.clear()
+        for messages_cache in self.messages_caches.values():
+            messages_cache.clear()
         self.metrics = {name: ModelMetrics() for name in self.config.models}
         self.fault_rng.seed(self.config.seed)
         self.jitter_rng.seed(self.config.seed + 1)

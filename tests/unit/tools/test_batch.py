@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from gateway.tools.batch import Bad, Item, Limiter, read_input, repair_and_read_done
+from gateway.tools.batch import Bad, Item, RequestPacer, read_input, repair_and_read_done
 
 
 def test_bad_lines_are_reported_with_their_number(tmp_path: Path) -> None:
@@ -45,11 +45,11 @@ def test_repair_removes_a_cut_off_last_line(tmp_path: Path) -> None:
 
 def test_limiter_spaces_requests() -> None:
     async def run() -> float:
-        limiter = Limiter(rpm=600, tpm=None)  # 10 per second
-        limiter._levels[0] = 0  # start empty to see the rate
+        pacer = RequestPacer(rpm=600, tpm=None)  # 10 per second
+        pacer._levels[0] = 0  # start empty to see the rate
         t0 = time.monotonic()
         for _ in range(5):
-            await limiter.take(10)
+            await pacer.take(10)
         return time.monotonic() - t0
 
     assert 0.4 < asyncio.run(run()) < 1.5
@@ -57,10 +57,10 @@ def test_limiter_spaces_requests() -> None:
 
 def test_limiter_tokens() -> None:
     async def run() -> float:
-        limiter = Limiter(rpm=None, tpm=6000)  # 100 tokens per second
-        limiter._levels[1] = 0
+        pacer = RequestPacer(rpm=None, tpm=6000)  # 100 tokens per second
+        pacer._levels[1] = 0
         t0 = time.monotonic()
-        await limiter.take(50)
+        await pacer.take(50)
         return time.monotonic() - t0
 
     assert 0.4 < asyncio.run(run()) < 1.0

@@ -1,0 +1,1 @@
+"""Endpoint dialects: translations between OpenAI's wire format and other providers' APIs."""

@@ -1,0 +1,114 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API.
+
+The endpoint is a dialect, not a second pipeline: the body is translated to a chat
+completion at the edge (:mod:`gateway.dialects.anthropic_inbound`) and runs the same
+stages as ``/v1/chat/completions`` (shaping, routing, limits, dispatch, cost, stats,
+metrics, traces; the context keeps ``/v1/messages`` as its endpoint label). An
+Anthropic deployment gets it back as a Messages request, with the client's
+``cache_control`` marks and the gateway's breakpoints; an OpenAI-compatible one gets
+the chat completion. The answer, stream or not, goes back in Anthropic's format, and
+errors (set by :func:`gateway.http.responses.error_response` for this path) in
+Anthropic's error JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import orjson
+from aiohttp import web
+
+from gateway.api.protocol import ChatCompletionRequest
+from gateway.context import RequestContext
+from gateway.dialects.anthropic_inbound import estimate_tokens, to_chat_request, to_message
+from gateway.dialects.anthropic_sse import ChunksToEvents
+from gateway.dispatch.dispatcher import OpenStream
+from gateway.dispatch.fanout import timeout_override
+from gateway.errors import ModelNotFoundError, SwitchyardError
+from gateway.http.redact import scrub
+from gateway.http.responses import cancelled_by_drain, json_response, read_json, route_headers, shutdown_error
+from gateway.http.state import CTX, STAGES
+from gateway.pipeline import open_stream, run_unary
+from gateway.routing.resolve import model_names
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ENDPOINT = "/chat/completions"
+"""What the request runs as upstream of the edge: a chat completion."""
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages``."""
+    ctx = request[CTX]
+    body = await read_json(request)
+    chat = to_chat_request(body)
+    ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
+    stages = request.app[STAGES]
+    if chat.get("stream") is True:
+        opened = await open_stream(stages, ctx, ChatCompletionRequest, ENDPOINT, chat, request.headers)
+        return await _forward(request, ctx, opened, ChunksToEvents(body["model"]))
+    result = await run_unary(stages, ctx, ChatCompletionRequest, ENDPOINT, chat, request.headers)
+    answer = to_message(orjson.loads(result.body), body["model"])
+    return web.Response(
+        body=orjson.dumps(answer), headers=route_headers(ctx), content_type="application/json"
+    )
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """``POST /v1/messages/count_tokens``: the gateway's estimate for a model it serves."""
+    ctx = request[CTX]
+    body = await read_json(request)
+    model = body.get("model")
+    if not isinstance(model, str) or model not in model_names(ctx.snapshot.policy):
+        raise ModelNotFoundError(str(model))
+    if ctx.key is not None and not ctx.key.allows(model):
+        raise ModelNotFoundError(model)
+    return json_response({"input_tokens": estimate_tokens(body)})
+
+
+async def _forward(
+    request: web.Request, ctx: RequestContext, opened: OpenStream, events: ChunksToEvents
+) -> web.StreamResponse:
+    """Write the opened chat stream to the client as Anthropic events, until its end."""
+    resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
+    tail = b""
+    try:
+        await resp.prepare(request)
+        await resp.write(events.feed(opened.first))
+        async for out in opened.rest():
+            translated = events.feed(out)
+            if events.finished:
+                tail += translated
+            elif translated:
+                await resp.write(translated)
+    except SwitchyardError as exc:
+        ctx.error_code = exc.code
+        tail += events.error_event(scrub(request.app, ctx.snapshot, exc.message), _kind(exc))
+    except ConnectionError:
+        ctx.status = 499
+        ctx.error_code = "client_disconnected"
+    except asyncio.CancelledError:
+        if not cancelled_by_drain(request.app):
+            raise
+        err = shutdown_error()
+        ctx.error_code = err.code
+        tail += events.error_event(err.message, "overloaded_error")
+    finally:
+        opened.close()
+        ctx.usage = opened.scanner.usage
+        if opened.scanner.error is not None and ctx.error_code is None:
+            ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
+    if ctx.status != 499:
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof(tail)
+    return resp
+
+
+def _kind(exc: SwitchyardError) -> str:
+    if exc.status == 429:
+        return "rate_limit_error"
+    if exc.status in (503, 529):
+        return "overloaded_error"
+    if exc.status == 504:
+        return "timeout_error"
+    return "api_error"
