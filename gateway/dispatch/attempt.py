@@ -327,7 +327,7 @@ async def stream_attempt(
                         raise malformed_error(name, scanner.malformed)
                     if scanner.error is not None:
                         raise error_event_failure(name, scanner.error)
-                if scanner.done and scanner.events == 0:
+                if scanner.done and first.lstrip().startswith(b"data: [DONE]"):
                     raise failure("empty_answer", f"deployment '{name}' sent [DONE] and no answer event")
             except TimeoutError:
                 if scope.expired():

@@ -88,9 +88,6 @@ class Scanner(Protocol):
     malformed: bytes | None
     """The start of an event that is not valid (not complete JSON); the stream must end
     with an error. The scanner checks every event before returning it."""
-    events: int
-    """Answer events seen (not counting the end marker or comments): 0 at the end means
-    the stream was empty."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return the bytes to forward now (possibly none)."""
