@@ -45,6 +45,7 @@ class OpenStream:
     __slots__ = (
         "_chunks",
         "_ctx",
+        "_eof",
         "_pool",
         "_resp",
         "_timeouts",
@@ -72,6 +73,7 @@ class OpenStream:
         self.upstream = upstream
         self._resp = resp
         self._chunks = chunks
+        self._eof = False
         self.scanner = scanner
         self.first = first
         self._timeouts = timeouts
@@ -91,6 +93,8 @@ class OpenStream:
 
     async def _rest(self) -> AsyncIterator[bytes]:
         ctx, scanner, idle_s = self._ctx, self.scanner, self._timeouts.idle_s
+        if scanner.done:
+            return
         loop = asyncio.get_running_loop()
         name = self.upstream.name
         while True:
@@ -99,13 +103,11 @@ class OpenStream:
                 async with asyncio.timeout_at(deadline):
                     chunk = await anext(self._chunks)
             except StopAsyncIteration:
+                self._eof = True
                 break
             except TimeoutError:
                 if self._total_deadline is not None and loop.time() >= self._total_deadline:
-                    raise failure(
-                        "total_timeout",
-                        f"deployment '{name}' did not finish within total_s={self._timeouts.total_s}",
-                    ) from None
+                    raise _total_timeout(name, self._timeouts) from None
                 raise failure(
                     "idle_timeout",
                     f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream",
@@ -121,16 +123,49 @@ class OpenStream:
                 yield out
             if scanner.malformed is not None:
                 raise malformed_error(name, scanner.malformed)
+            if scanner.done:
+                # The end is [DONE] itself: the client's answer ends now, whether or not
+                # the upstream ends its body (close() deals with the connection).
+                return
         if not scanner.done:
             raise failure("stream_incomplete", f"deployment '{name}' ended the stream before it finished")
 
     def close(self) -> None:
-        """Return the connection if the stream was read to its end, else drop it."""
-        if self.scanner.done and not self.scanner.pending:
+        """Return the connection if the stream was read to its end, else drop it. After
+        ``[DONE]`` the upstream's end of body usually follows at once: it is awaited off
+        the client's path, for at most :data:`DRAIN_AFTER_DONE_S`, so the connection can
+        be reused (an upstream that keeps it open past that loses it)."""
+        if self.scanner.done and self._eof:
             self._resp.release()
+        elif self.scanner.done:
+            task = asyncio.ensure_future(_drain(self._resp, self._chunks))
+            _DRAINING.add(task)
+            task.add_done_callback(_DRAINING.discard)
         else:
             self._resp.close()
         self._pool.release(self.upstream)
+
+
+DRAIN_AFTER_DONE_S = 0.5
+"""How long a connection whose stream sent ``[DONE]`` may take to end its body."""
+
+_DRAINING: set[asyncio.Future[None]] = set()
+
+
+async def _drain(resp: TransportResponse, chunks: AsyncIterator[bytes]) -> None:
+    """Wait for the end of a body whose answer is complete (bytes after ``[DONE]`` are
+    ignored), then return the connection to the pool; drop it if the end does not come."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
+            async for _ in chunks:
+                pass
+    except asyncio.CancelledError:
+        resp.close()
+        raise
+    except Exception:  # the end did not come in time, or the connection broke
+        resp.close()
+    else:
+        resp.release()
 
 
 def _headers(ctx: RequestContext) -> dict[str, str]:
@@ -159,40 +194,86 @@ async def unary_attempt(
     timeouts: Timeouts,
     endpoint: str,
     body: dict[str, Any],
+    deadline: float | None = None,
 ) -> UnaryResult:
-    """Send a non-stream request and read the whole answer (releases ``upstream`` to ``pool``)."""
+    """Send a non-stream request and read the whole answer (releases ``upstream`` to ``pool``).
+
+    The first body byte must arrive within ``first_byte_s``, the rest without a gap of
+    ``idle_s``, all of it by ``deadline`` (the request's ``total_s``). A 200 is checked by
+    the provider (:meth:`Provider.read_answer`) before anything reaches the client: an
+    empty, unparsable or error answer fails the attempt like a 5xx would.
+    """
     prepared = upstream.prepare(body, stream=False, hints=_hints(ctx))
+    name = upstream.name
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    first_s = timeouts.first_byte_s
+    first_deadline = _earliest(deadline, start + first_s if first_s else None)
+    resp: TransportResponse | None = None
+    parts: list[bytes] = []
     try:
-        async with asyncio.timeout(timeouts.total_s) as scope:
-            try:
+        try:
+            async with asyncio.timeout_at(first_deadline) as scope:
                 resp = await upstream.send(
                     endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
                 )
-                try:
-                    data = await resp.read()
-                except BaseException:
-                    resp.close()
-                    raise
-                resp.release()
-            except TimeoutError:
-                if scope.expired():
-                    raise
-                raise _connect_timeout(upstream.name, timeouts) from None
-            except aiohttp.ClientError as exc:
-                raise _client_error(upstream.name, exc) from None
-    except TimeoutError:
-        raise failure(
-            "total_timeout", f"deployment '{upstream.name}' did not answer within total_s={timeouts.total_s}"
-        ) from None
+                chunks = resp.iter_chunks()
+                first = await anext(chunks, b"")
+        except TimeoutError:
+            if not scope.expired():
+                raise _connect_timeout(name, timeouts) from None
+            if first_deadline == deadline:
+                raise _total_timeout(name, timeouts) from None
+            raise failure(
+                "first_byte_timeout", f"deployment '{name}' sent no answer within first_byte_s={first_s}"
+            ) from None
+        if first:
+            parts.append(first)
+            await _read_rest(chunks, parts, name, timeouts, deadline)
+    except aiohttp.ClientError as exc:
+        if resp is not None:
+            resp.close()
+        raise _client_error(name, exc) from None
+    except BaseException:
+        if resp is not None:
+            resp.close()
+        raise
+    else:
+        resp.release()
     finally:
         pool.release(upstream)
+    data = b"".join(parts) if len(parts) != 1 else parts[0]
     if resp.status >= 400:
         raise _status_error(upstream, resp.status, data, resp)
     content_type = resp.headers.get("Content-Type", "application/json")
-    answer = upstream.read_answer(data, content_type, upstream.shown_model(ctx.requested_model))
+    answer = upstream.read_answer(
+        data, content_type, upstream.shown_model(ctx.requested_model), endpoint=endpoint
+    )
     if answer.usage is not None:
         ctx.usage = answer.usage
     return UnaryResult(body=answer.body, content_type=content_type)
+
+
+async def _read_rest(
+    chunks: AsyncIterator[bytes], parts: list[bytes], name: str, timeouts: Timeouts, deadline: float | None
+) -> None:
+    """Read a non-stream body to its end, each read bounded by ``idle_s`` and ``deadline``."""
+    loop = asyncio.get_running_loop()
+    idle_s = timeouts.idle_s
+    while True:
+        read_deadline = _earliest(deadline, loop.time() + idle_s if idle_s else None)
+        try:
+            async with asyncio.timeout_at(read_deadline):
+                chunk = await anext(chunks, None)
+        except TimeoutError:
+            if read_deadline == deadline:
+                raise _total_timeout(name, timeouts) from None
+            raise failure(
+                "body_timeout", f"deployment '{name}' stopped its answer for idle_s={idle_s}"
+            ) from None
+        if chunk is None:
+            return
+        parts.append(chunk)
 
 
 async def stream_attempt(
@@ -202,8 +283,14 @@ async def stream_attempt(
     timeouts: Timeouts,
     endpoint: str,
     body: dict[str, Any],
+    deadline: float | None = None,
 ) -> OpenStream:
-    """Send a stream request and wait for its first event (bounded by ``first_token_s``).
+    """Send a stream request and wait for its first events (bounded by ``first_token_s``
+    and ``deadline``, the request's ``total_s``).
+
+    Nothing has reached the client yet, so a stream that ends before its first complete
+    event (``empty_answer``), opens with an error event (``error_answer``) or a malformed
+    one (``malformed_chunk``) fails the attempt and may be retried like a 5xx.
 
     On failure ``upstream`` is released to ``pool``; on success the returned stream
     releases it when closed.
@@ -212,12 +299,10 @@ async def stream_attempt(
     scanner = upstream.scanner(
         strip_usage=prepared.strip_usage, shown_model=upstream.shown_model(ctx.requested_model)
     )
+    name = upstream.name
     loop = asyncio.get_running_loop()
     start = loop.time()
-    total_deadline = start + timeouts.total_s if timeouts.total_s else None
-    first_deadline = _earliest(
-        total_deadline, start + timeouts.first_token_s if timeouts.first_token_s else None
-    )
+    first_deadline = _earliest(deadline, start + timeouts.first_token_s if timeouts.first_token_s else None)
     resp: TransportResponse | None = None
     try:
         async with asyncio.timeout_at(first_deadline) as scope:
@@ -230,36 +315,39 @@ async def stream_attempt(
                     raise _status_error(upstream, resp.status, data, resp)
                 chunks = resp.iter_chunks()
                 first = b""
-                while not first:
+                while not first and not scanner.done:
                     try:
                         chunk = await anext(chunks)
                     except StopAsyncIteration:
-                        raise failure(
-                            "stream_incomplete",
-                            f"deployment '{upstream.name}' closed the stream before its first event",
-                        ) from None
+                        cut = f" (a cut-off event: {scanner.pending[:80]!r})" if scanner.pending else ""
+                        message = f"deployment '{name}' closed the stream before its first event{cut}"
+                        raise failure("empty_answer", message) from None
                     first = scanner.feed(chunk)
                     if scanner.malformed is not None:
-                        raise malformed_error(upstream.name, scanner.malformed)
+                        raise malformed_error(name, scanner.malformed)
+                    if scanner.error is not None:
+                        raise error_event_failure(name, scanner.error)
+                if scanner.done and first.lstrip().startswith(b"data: [DONE]"):
+                    raise failure("empty_answer", f"deployment '{name}' sent [DONE] and no answer event")
             except TimeoutError:
                 if scope.expired():
                     raise
-                raise _connect_timeout(upstream.name, timeouts) from None
+                raise _connect_timeout(name, timeouts) from None
             except aiohttp.ClientError as exc:
-                raise _client_error(upstream.name, exc) from None
+                raise _client_error(name, exc) from None
     except BaseException as exc:
         if resp is not None:
             resp.close()
         pool.release(upstream)
         if isinstance(exc, TimeoutError):
-            which = "total_s" if first_deadline == total_deadline else "first_token_s"
-            limit = timeouts.total_s if which == "total_s" else timeouts.first_token_s
+            if first_deadline == deadline:
+                raise _total_timeout(name, timeouts) from None
             raise failure(
-                "first_token_timeout" if which == "first_token_s" else "total_timeout",
-                f"deployment '{upstream.name}' sent no first token within {which}={limit}",
+                "first_token_timeout",
+                f"deployment '{name}' sent no first token within first_token_s={timeouts.first_token_s}",
             ) from None
         raise
-    return OpenStream(ctx, pool, upstream, resp, chunks, scanner, first, timeouts, total_deadline)
+    return OpenStream(ctx, pool, upstream, resp, chunks, scanner, first, timeouts, deadline)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -283,6 +371,20 @@ def _connect_timeout(name: str, timeouts: Timeouts) -> UpstreamError:
     return failure(
         "connect_timeout", f"deployment '{name}' could not be reached within connect_s={timeouts.connect_s}"
     )
+
+
+def _total_timeout(name: str, timeouts: Timeouts) -> UpstreamError:
+    return failure(
+        "total_timeout", f"deployment '{name}' did not finish the request within total_s={timeouts.total_s}"
+    )
+
+
+def error_event_failure(name: str, error: dict[str, Any]) -> UpstreamError:
+    """The failure of a stream that opened with an error event (nothing reached the client)."""
+    message = error.get("message")
+    shown = message[:200] if isinstance(message, str) else "(no message)"
+    code = error.get("code")
+    return failure("error_answer", f"deployment '{name}' answered 200 with an error (code {code!r}): {shown}")
 
 
 def malformed_error(name: str, event: bytes) -> UpstreamError:

@@ -36,9 +36,12 @@ class Breaker:
     state: State = "closed"
     consecutive_failures: int = 0
     opened_until: float = 0.0  # monotonic time from which a probe is allowed
+    opened_at: float = float("-inf")
     probes_in_flight: int = 0
     outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
     opened_by: str = ""  # "local" or "shared"
+    last_success_at: float = float("-inf")  # when the latest successful attempt ended
+    last_failure: str = ""  # the reason of the latest failure (shown by /readyz)
 
 
 class Breakers:
@@ -99,9 +102,14 @@ class Breakers:
             and self._clock.now() < breaker.opened_until
         )
 
-    def record(self, name: str, ok: bool) -> None:
+    def record(self, name: str, ok: bool, *, started_at: float | None = None, reason: str = "") -> None:
         """The outcome of an attempt on ``name`` (a failure is the upstream's fault: connect
-        errors, timeouts, 5xx; a client's 4xx or a 429 are not)."""
+        errors, timeouts, 5xx, rejected credentials; a client's 4xx or a 429 are not).
+
+        ``started_at`` (clock time) is when the attempt began. Failures count as
+        *consecutive* only if their attempts started after the latest success ended: a burst
+        of timeouts from attempts that were all hanging while other attempts succeeded is
+        not evidence of a dead deployment (it still counts towards ``failure_rate``)."""
         if not self.policy.enabled:
             return
         policy = self.policy
@@ -111,20 +119,29 @@ class Breakers:
         outcomes.append((now, ok))
         while outcomes and outcomes[0][0] < now - policy.window_s:
             outcomes.popleft()
-        if breaker.state == "half_open":
-            breaker.probes_in_flight = max(0, breaker.probes_in_flight - 1)
+        if ok:
+            breaker.last_success_at = now
+        else:
+            breaker.last_failure = reason
+        if breaker.state == "open" and (started_at is None or started_at < breaker.opened_at):
+            return  # an attempt from before the circuit opened: no news
+        if breaker.state != "closed":
             if ok:
+                # A probe (or a panic-routed attempt on an open circuit) succeeded.
+                breaker.probes_in_flight = 0
                 breaker.consecutive_failures = 0
                 breaker.outcomes.clear()
                 breaker.opened_by = ""
                 self._move(breaker, "closed")
             else:
+                breaker.probes_in_flight = max(0, breaker.probes_in_flight - 1)
                 self._open(breaker, now, "local")
             return
         if ok:
             breaker.consecutive_failures = 0
             return
-        breaker.consecutive_failures += 1
+        if started_at is None or started_at >= breaker.last_success_at:
+            breaker.consecutive_failures += 1
         failures = sum(1 for _, good in outcomes if not good)
         if breaker.consecutive_failures >= policy.consecutive_failures or (
             len(outcomes) >= policy.min_requests and failures / len(outcomes) >= policy.failure_rate
@@ -139,6 +156,7 @@ class Breakers:
 
     def _open(self, breaker: Breaker, now: float, by: str, until: float | None = None) -> None:
         breaker.opened_until = until if until is not None else now + self.policy.cooldown_s
+        breaker.opened_at = now
         breaker.opened_by = by
         breaker.probes_in_flight = 0
         self._move(breaker, "open")
@@ -159,6 +177,7 @@ class Breakers:
                 "opened_by": b.opened_by or None,
                 "retry_in_s": round(max(0.0, b.opened_until - now), 3) if b.state == "open" else None,
                 "consecutive_failures": b.consecutive_failures,
+                "last_failure": b.last_failure or None,
                 "window_attempts": len(recent),
                 "window_failures": sum(1 for ok in recent if not ok),
             }

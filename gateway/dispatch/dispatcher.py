@@ -7,6 +7,11 @@ on the next candidate not yet tried, else on one already tried after an exponent
 backoff with full jitter (or its Retry-After, up to a cap). A deployment whose circuit
 is open, or that is not ready, is skipped. With hedging on, a slow attempt gets a
 parallel twin on the next candidate; the first to deliver wins and the other is cancelled.
+
+``total_s`` (of the first attempt's deployment) bounds the whole request: every attempt
+ends by then and no retry starts after it. When every candidate's circuit is open, the
+request is sent anyway (panic routing, as Envoy does when too few hosts are healthy):
+a tier is never refused without one of its deployments being tried.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from gateway.dispatch.backoff import full_jitter_s
 from gateway.dispatch.budget import Budget, LatencyWindow
 from gateway.dispatch.circuit import Breakers
 from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
-from gateway.dispatch.failures import failure_reason, is_unwell
+from gateway.dispatch.failures import (
+    failure,
+    failure_reason,
+    is_unwell,
+    may_retry,
+    retries_same_deployment,
+)
 from gateway.dispatch.policy import HedgePolicy, Timeouts
 from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
 from gateway.policy import Policy
@@ -37,7 +48,9 @@ from gateway.telemetry import tracing
 __all__ = ["Dispatcher", "OpenStream", "UnaryResult", "failure_reason"]
 
 T = TypeVar("T")
-Attempt = Callable[[Provider, Timeouts], Awaitable[T]]
+Attempt = Callable[[Provider, Timeouts, "float | None"], Awaitable[T]]
+"""One attempt on a deployment: its provider, its timeouts, and the request's deadline
+(event-loop time, from ``total_s``; ``None``: no bound)."""
 
 
 def tighten(timeouts: Timeouts, request: Timeouts | None) -> Timeouts:
@@ -68,6 +81,9 @@ class _Run:
     tries: dict[str, int] = field(default_factory=dict)
     cooling_until: dict[str, float] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
+    deadline: float | None = None
+    """Event-loop time by which the whole request must end (set by the first attempt)."""
+    total_s: float | None = None
 
 
 class Dispatcher:
@@ -78,7 +94,7 @@ class Dispatcher:
         self.clock = clock
         self.breakers = Breakers(clock)
         self.retry_budget = Budget(0.2, 1.0, 10.0, clock)
-        self.hedge_budget = Budget(0.1, 0.0, 10.0, clock)
+        self.hedge_budget = Budget(0.2, 1.0, 10.0, clock)
         self._latency: dict[tuple[str, bool], LatencyWindow] = {}
         self.counters: dict[str, int] = {
             "retries": 0,
@@ -86,6 +102,7 @@ class Dispatcher:
             "fallbacks": 0,
             "hedges": 0,
             "hedges_won": 0,
+            "panic_routed": 0,
         }
 
     def configure(self, policy: Policy) -> None:
@@ -95,7 +112,9 @@ class Dispatcher:
         self.breakers.watch(list(policy.deployments))
         budget = dispatch.retries.budget
         self.retry_budget.configure(budget.ratio, budget.min_per_s, budget.window_s)
-        self.hedge_budget.configure(dispatch.hedge.budget_ratio, 0.0, budget.window_s)
+        self.hedge_budget.configure(
+            dispatch.hedge.budget_ratio, dispatch.hedge.budget_min_per_s, budget.window_s
+        )
 
     def available(self, name: str) -> bool:
         """Whether routing may choose ``name`` now: its circuit is not open and it is ready."""
@@ -120,8 +139,8 @@ class Dispatcher:
     ) -> UnaryResult:
         """A non-stream request, answered whole."""
 
-        async def attempt(upstream: Provider, timeouts: Timeouts) -> UnaryResult:
-            return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
+        async def attempt(upstream: Provider, timeouts: Timeouts, deadline: float | None) -> UnaryResult:
+            return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body, deadline)
 
         return await self._run(ctx, route, attempt, stream=False)
 
@@ -130,12 +149,15 @@ class Dispatcher:
     ) -> OpenStream:
         """A stream request, returned once its first event arrived (nothing sent to the client yet)."""
 
-        async def attempt(upstream: Provider, timeouts: Timeouts) -> OpenStream:
-            return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
+        async def attempt(upstream: Provider, timeouts: Timeouts, deadline: float | None) -> OpenStream:
+            return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body, deadline)
 
         opened = await self._run(ctx, route, attempt, stream=True)
         name = opened.upstream.name
-        opened.on_error = lambda exc: self.breakers.record(name, not is_unwell(exc))
+        started = self.clock.now()
+        opened.on_error = lambda exc: self.breakers.record(
+            name, not is_unwell(exc), started_at=started, reason=failure_reason(exc)
+        )
         ctx.first_token_at = ctx.last_chunk_at = time.perf_counter()
         ctx.chunks = opened.scanner.chunks
         tracing.first_token(ctx)
@@ -162,20 +184,29 @@ class Dispatcher:
         extra = 0
         while True:
             picked = self._pick(run, retries.backoff.base_s, retries.backoff.max_s)
+            if picked is None and last is None:
+                picked = self._panic_pick(run)
             if picked is None:
                 if last is not None:
                     raise last
                 why = "; ".join(f"{c.name} {self._unavailable_because(c.name)}" for c in run.candidates)
                 raise UpstreamUnavailableError(f"no deployment can take the request now: {why}")
             candidate, wait_s = picked
+            if run.deadline is not None:
+                left_s = run.deadline - asyncio.get_running_loop().time()
+                if left_s <= wait_s:
+                    # No retry starts that could not end within total_s.
+                    self.breakers.abandon(candidate.name)  # a half-open probe it may hold
+                    if last is not None:
+                        raise last
+                    raise failure("total_timeout", f"the request did not finish within total_s={run.total_s}")
             if wait_s > 0:
                 await self.clock.sleep(wait_s)
             try:
                 return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
             except SwitchyardError as exc:
                 last = exc
-                reason = failure_reason(exc)
-                if reason not in retries.retry_on or extra >= retries.max:
+                if not may_retry(exc, retries.retry_on) or extra >= retries.max:
                     raise
                 if isinstance(exc, RateLimitError) and exc.retry_after_s is not None:
                     # Honour Retry-After for that deployment; one that asks for longer than the
@@ -212,6 +243,24 @@ class Dispatcher:
             return candidate, max(backoff, cooling - now)
         return None
 
+    def _panic_pick(self, run: _Run) -> tuple[_Candidate, float] | None:
+        """Every candidate's circuit is open: try the first configured one anyway (panic
+        routing), so a tier whose breakers all tripped at once still answers when its
+        deployments have recovered (a success closes the circuit)."""
+        for need_ready in (True, False):
+            for candidate in run.candidates:
+                if candidate.name in run.running or candidate.name in run.tries:
+                    continue
+                try:
+                    provider = self.pool.get(candidate.name)
+                except KeyError:
+                    continue
+                if need_ready and not provider.ready:
+                    continue
+                self.counters["panic_routed"] += 1
+                return candidate, 0.0
+        return None
+
     def _unavailable_because(self, name: str) -> str:
         if name not in self.pool.in_flight:
             return "is not configured"
@@ -244,6 +293,9 @@ class Dispatcher:
             ctx.fallback_tier = candidate.tier
             self.counters["fallbacks"] += 1
         timeouts = tighten(ctx.snapshot.timeouts(name, candidate.tier), ctx.timeout_override)
+        if run.deadline is None and timeouts.total_s is not None:
+            run.total_s = timeouts.total_s
+            run.deadline = asyncio.get_running_loop().time() + timeouts.total_s
         started = self.clock.now()
         with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
             try:
@@ -251,11 +303,14 @@ class Dispatcher:
                     upstream = self.pool.acquire(name)
                 except KeyError:
                     raise UpstreamUnavailableError(f"deployment '{name}' is not available") from None
-                result = await attempt(upstream, timeouts)
+                result = await attempt(upstream, timeouts, run.deadline)
             except SwitchyardError as exc:
                 reason = failure_reason(exc)
                 tracing.attempt_outcome(span, reason or "error", exc.upstream_status)
-                self.breakers.record(name, not is_unwell(exc))
+                self.breakers.record(name, not is_unwell(exc), started_at=started, reason=reason)
+                if not retries_same_deployment(exc):
+                    # Rejected credentials stay rejected: fall back, never back here.
+                    run.cooling_until[name] = math.inf
                 raise
             except asyncio.CancelledError:
                 tracing.attempt_outcome(span, "cancelled")
@@ -264,7 +319,7 @@ class Dispatcher:
             finally:
                 run.running.discard(name)
             tracing.attempt_outcome(span, "ok")
-        self.breakers.record(name, True)
+        self.breakers.record(name, True, started_at=started)
         self._window(name, stream).add(self.clock.now() - started)
         return result
 

@@ -4,33 +4,48 @@ One row per reason. The retry policy (``retries.retry_on`` and its default), the
 breakers, fallback, the error the client sees, span attributes and metrics all read this
 table; nothing else spells a reason out.
 
-============================  =======================  =====  ======  ========  ======
-reason                        code the client sees     retry  unwell  fallback  status
-============================  =======================  =====  ======  ========  ======
-connect                       connect_failed           yes    yes     yes       502
-connect_timeout               connect_timeout          yes    yes     yes       504
-first_token_timeout           first_token_timeout      yes    yes     yes       504
-total_timeout                 total_timeout            no     yes     yes       504
-idle_timeout                  idle_timeout             no     yes     no        504
-upstream_disconnected         upstream_disconnected    yes    yes     yes       502
-stream_incomplete             stream_incomplete        no     yes     yes       502
-malformed_chunk               malformed_chunk          yes    yes     yes       502
-429                           (upstream's) rate_limit  yes    no      yes       429
-500 / 502                     upstream_error           yes    yes     yes       502
-503                           upstream_unavailable     yes    yes     yes       503
-504                           upstream_timeout         yes    yes     yes       504
-upstream_auth_failed          upstream_auth_failed     no     no      no        502
-upstream_not_found            upstream_not_found       no     no      no        502
-upstream_timed_out (408)      upstream_timeout         no     no      no        504
-upstream_failed (other 5xx)   upstream_error           no     no      no        502
-client_error (other 4xx)      (upstream's)             no     no      no        (upstream's)
-============================  =======================  =====  ======  ========  ======
+============================  =======================  =====  ======  ========  ====  ======
+reason                        code the client sees     retry  unwell  fallback  same  status
+============================  =======================  =====  ======  ========  ====  ======
+connect                       connect_failed           yes    yes     yes       yes   502
+connect_timeout               connect_timeout          yes    yes     yes       yes   504
+first_token_timeout           first_token_timeout      yes    yes     yes       yes   504
+first_byte_timeout            first_byte_timeout       yes    yes     yes       yes   504
+total_timeout                 total_timeout            no     yes     yes       yes   504
+idle_timeout                  idle_timeout             no     yes     no        no    504
+body_timeout                  body_timeout             yes    yes     yes       yes   504
+upstream_disconnected         upstream_disconnected    yes    yes     yes       yes   502
+stream_incomplete             stream_incomplete        no     yes     yes       yes   502
+malformed_chunk               malformed_chunk          yes    yes     yes       yes   502
+empty_answer                  empty_answer             yes    yes     yes       yes   502
+invalid_answer                invalid_answer           yes    yes     yes       yes   502
+error_answer                  error_answer             yes    yes     yes       yes   502
+429                           (upstream's) rate_limit  yes    no      yes       yes   429
+500 / 502                     upstream_error           yes    yes     yes       yes   502
+503                           upstream_unavailable     yes    yes     yes       yes   503
+504                           upstream_timeout         yes    yes     yes       yes   504
+upstream_auth_failed (401/3)  upstream_auth_failed     yes    yes     yes       no    502
+upstream_not_found            upstream_not_found       no     no      no        no    502
+upstream_timed_out (408)      upstream_timeout         no     no      no        no    504
+upstream_failed (other 5xx)   upstream_error           no     no      no        no    502
+client_error (other 4xx)      (upstream's)             no     no      no        no    (upstream's)
+============================  =======================  =====  ======  ========  ====  ======
 
 - *retry*: in ``retries.retry_on`` unless the policy lists its own.
 - *unwell*: counts against the deployment's circuit (a client's 4xx or a busy 429 do not).
 - *fallback*: may be retried at all, on another deployment of the route or of a fallback
   tier; exactly these reasons may be listed in ``retry_on``. ``idle_timeout`` strikes
   after bytes went to the client, so nothing can take over.
+- *same*: a retry may go to the deployment that just failed (after a backoff). A
+  deployment that rejected the gateway's credentials will do so again: only the other
+  deployments are tried.
+
+What each new-style reason means: ``first_byte_timeout``, a non-stream answer's first body
+byte did not arrive within ``first_byte_s``; ``body_timeout``, its body then stopped for
+``idle_s``; ``empty_answer``, a 200 with an empty body or a stream that ended before its
+first complete event; ``invalid_answer``, a 200 whose body is not the endpoint's JSON
+(truncated, invalid, no ``choices``/``data``); ``error_answer``, a 200 whose body (or a
+stream's first events, before anything reached the client) is an error object.
 
 A failure that stands for an upstream HTTP status keeps that status as its reason name
 (``"429"``, ``"401"``, ``"520"``), which is what ``retry_on``, spans and logs match; its
@@ -39,7 +54,7 @@ row is the one the provider adapter classified the status into.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gateway.dispatch.backoff import retry_after_s
@@ -63,37 +78,51 @@ class Failure:
     retried_by_default: bool
     unwell: bool
     falls_back: bool
+    same_deployment: bool
+    """A retry may go to the deployment that failed (else only to the others)."""
     client_status: int | None
     """``None``: the upstream's own status is relayed."""
     error: type[UpstreamError]
 
 
 def _row(
-    reason: str, code: str | None, error: type[UpstreamError], retry: bool, unwell: bool, falls_back: bool
+    reason: str,
+    code: str | None,
+    error: type[UpstreamError],
+    retry: bool,
+    unwell: bool,
+    falls_back: bool,
+    same: bool | None = None,
 ) -> Failure:
     status = error.http_status if error is not UpstreamStatusError else None
-    return Failure(reason, code, retry, unwell, falls_back, status, error)
+    same_deployment = falls_back if same is None else same
+    return Failure(reason, code, retry, unwell, falls_back, same_deployment, status, error)
 
 
 _Err, _Timeout, _Unavailable = UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 Y, N = True, False
 # fmt: off
 _ROWS = (
-    #    reason                   code                     error                   retry unwell fallback
+    #    reason                   code                     error                   retry unwell fallback same
     _row("connect",               "connect_failed",        _Err,                   Y,    Y,     Y),
     _row("connect_timeout",       "connect_timeout",       _Timeout,               Y,    Y,     Y),
     _row("first_token_timeout",   "first_token_timeout",   _Timeout,               Y,    Y,     Y),
+    _row("first_byte_timeout",    "first_byte_timeout",    _Timeout,               Y,    Y,     Y),
     _row("total_timeout",         "total_timeout",         _Timeout,               N,    Y,     Y),
     _row("idle_timeout",          "idle_timeout",          _Timeout,               N,    Y,     N),
+    _row("body_timeout",          "body_timeout",          _Timeout,               Y,    Y,     Y),
     _row("upstream_disconnected", "upstream_disconnected", _Err,                   Y,    Y,     Y),
     _row("stream_incomplete",     "stream_incomplete",     _Err,                   N,    Y,     Y),
     _row("malformed_chunk",       "malformed_chunk",       _Err,                   Y,    Y,     Y),
+    _row("empty_answer",          "empty_answer",          _Err,                   Y,    Y,     Y),
+    _row("invalid_answer",        "invalid_answer",        _Err,                   Y,    Y,     Y),
+    _row("error_answer",          "error_answer",          _Err,                   Y,    Y,     Y),
     _row("429",                   None,                    UpstreamRateLimitError, Y,    N,     Y),
     _row("500",                   "upstream_error",        _Err,                   Y,    Y,     Y),
     _row("502",                   "upstream_error",        _Err,                   Y,    Y,     Y),
     _row("503",                   "upstream_unavailable",  _Unavailable,           Y,    Y,     Y),
     _row("504",                   "upstream_timeout",      _Timeout,               Y,    Y,     Y),
-    _row("upstream_auth_failed",  "upstream_auth_failed",  _Err,                   N,    N,     N),
+    _row("upstream_auth_failed",  "upstream_auth_failed",  _Err,                   Y,    Y,     Y,       N),
     _row("upstream_not_found",    "upstream_not_found",    _Err,                   N,    N,     N),
     _row("upstream_timed_out",    "upstream_timeout",      _Timeout,               N,    N,     N),
     _row("upstream_failed",       "upstream_error",        _Err,                   N,    N,     N),
@@ -128,6 +157,21 @@ def failure_reason(exc: SwitchyardError) -> str:
         return str(exc.upstream_status)
     row = failure_of(exc)
     return row.reason if row is not None else exc.code or ""
+
+
+def may_retry(exc: SwitchyardError, retry_on: Collection[str]) -> bool:
+    """Whether ``retry_on`` lists the failure: by the upstream's status (``"503"``) or by its
+    row (``upstream_auth_failed`` stands for every status the adapter put in that row)."""
+    if failure_reason(exc) in retry_on:
+        return True
+    row = failure_of(exc)
+    return row is not None and row.reason in retry_on
+
+
+def retries_same_deployment(exc: SwitchyardError) -> bool:
+    """Whether a retry may go to the deployment that just failed this way."""
+    row = failure_of(exc)
+    return row is None or row.same_deployment
 
 
 def is_unwell(exc: SwitchyardError) -> bool:

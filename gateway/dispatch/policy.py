@@ -17,14 +17,20 @@ class Timeouts(StrictModel):
     """Each timeout names what it bounds; ``None`` means no bound of that kind.
 
     - ``connect_s``: TCP (and TLS) connect to the upstream.
-    - ``first_token_s``: from sending a streamed request to its first event. A non-stream
-      answer arrives whole, so only ``total_s`` bounds it.
-    - ``idle_s``: the longest gap between two streamed events.
-    - ``total_s``: the whole attempt, request sent to last byte received.
+    - ``first_token_s``: from sending a streamed request to its first event.
+    - ``first_byte_s``: from sending a non-stream request to the first byte of its answer's
+      body (headers alone do not count: a server may send them at once and then hang). A
+      non-stream answer comes whole, once generated, so this bound is longer than
+      ``first_token_s``; it is what tells a hung upstream from a slow answer.
+    - ``idle_s``: the longest gap between two reads of a body once it started (streamed
+      events, or the rest of a non-stream body).
+    - ``total_s``: the whole request, from its first attempt to the last byte received,
+      across every retry, fallback and hedge (not per attempt): no retry starts after it.
     """
 
     connect_s: Seconds | None = Field(None, gt=0)
     first_token_s: Seconds | None = Field(None, gt=0)
+    first_byte_s: Seconds | None = Field(None, gt=0)
     idle_s: Seconds | None = Field(None, gt=0)
     total_s: Seconds | None = Field(None, gt=0)
 
@@ -33,7 +39,7 @@ class Timeouts(StrictModel):
         return base.model_copy(update={name: getattr(self, name) for name in self.model_fields_set})
 
 
-DEFAULT_TIMEOUTS = Timeouts(connect_s=5.0, first_token_s=60.0, idle_s=60.0, total_s=600.0)
+DEFAULT_TIMEOUTS = Timeouts(connect_s=5.0, first_token_s=60.0, first_byte_s=120.0, idle_s=60.0, total_s=600.0)
 """What applies where neither the deployment nor ``dispatch.timeouts`` says otherwise."""
 
 
@@ -98,7 +104,12 @@ class HedgePolicy(StrictModel):
     min_after_s: Seconds = Field(0.05, ge=0)
     default_after_s: Seconds = Field(1.0, gt=0)
     max_extra: int = Field(1, ge=1, le=3)
-    budget_ratio: float = Field(0.1, ge=0, le=1, description="Hedges at most this share of requests.")
+    budget_ratio: float = Field(0.2, ge=0, le=1, description="Hedges at most this share of requests.")
+    budget_min_per_s: float = Field(
+        1.0,
+        ge=0,
+        description="Hedges always allowed per second, whatever the share (so a quiet gateway hedges too).",
+    )
 
 
 class DispatchPolicy(StrictModel):

@@ -163,6 +163,8 @@ async def readyz(request: web.Request) -> web.Response:
         "redis": redis_ok,
         "missing_keys": {m.deployment: m.env for m in missing},
         "replicas": readiness(app[POOL], list(policy.deployments)),
+        # Each deployment's circuit and its latest failure (a revoked key shows as "401").
+        "circuits": app[DISPATCHER].breakers.status(),
     }
     return json_response(body, status=503 if problems else 200)
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.dialects.anthropic_request import to_messages_request, unsupported
-from gateway.dialects.anthropic_response import MessagesStreamScanner, to_chat_completion
-from gateway.dispatch.failures import http_failure
+from gateway.dialects.anthropic_response import MessagesStreamScanner, openai_error, to_chat_completion
+from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
 from gateway.providers.transport import HttpTransport, Transport, TransportResponse
@@ -130,13 +130,28 @@ class AnthropicProvider(Provider):
     def scanner(self, *, strip_usage: bool, shown_model: str | None) -> MessagesStreamScanner:
         return MessagesStreamScanner(strip_usage=strip_usage, shown_model=shown_model)
 
-    def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
+    def read_answer(
+        self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
+    ) -> Answer:
+        name = self.name
+        if not body.strip():
+            raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
         try:
             message = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Answer(body, None)
+        except orjson.JSONDecodeError as exc:
+            raise failure(
+                "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
+            ) from None
+        if isinstance(message, dict) and (message.get("type") == "error" or message.get("error") is not None):
+            error = openai_error(message)["error"]
+            raise failure(
+                "error_answer",
+                f"deployment '{name}' answered 200 with an error ({error['type']}): {error['message'][:200]}",
+            )
         if not isinstance(message, dict) or message.get("type") != "message":
-            return Answer(body, None)
+            raise failure(
+                "invalid_answer", f"deployment '{name}' answered 200 with something other than a message"
+            )
         completion = to_chat_completion(message, shown_model)
         return Answer(orjson.dumps(completion), completion["usage"])
 

@@ -6,9 +6,13 @@ the deployment's :class:`Provider` for everything that depends on who answers:
 - :meth:`Provider.prepare`: the request as this provider wants it: its model name, its
   cache hints (``prompt_cache_key``, ``cache_control`` breakpoints), asking for usage on
   streams;
-- :meth:`Provider.scanner`: the stream's framing and end-of-stream rule, the usage it
-  reports, the response ``model`` rewrite (a :class:`Scanner` per stream);
-- :meth:`Provider.read_answer`: the same for a whole (non-stream) answer;
+- :meth:`Provider.scanner`: the stream's framing, its end-of-stream rule (the end event
+  itself, never a byte pattern inside content), a check that each event is complete
+  before it is forwarded, the usage it reports, the response ``model`` rewrite (a
+  :class:`Scanner` per stream);
+- :meth:`Provider.read_answer`: the same for a whole (non-stream) answer, which it first
+  checks to be one (a 200 that is empty, not the endpoint's JSON, or an error object
+  fails the attempt like a 5xx: ``empty_answer``, ``invalid_answer``, ``error_answer``);
 - :meth:`Provider.status_failure`: which of its error statuses means rate limited,
   overloaded, bad credentials or a bad request (a row of :mod:`gateway.dispatch.failures`);
 - :meth:`Provider.send`: the HTTP call, through its :class:`~gateway.providers.transport.Transport`.
@@ -73,7 +77,8 @@ class Scanner(Protocol):
     """
 
     done: bool
-    """The provider's end-of-stream marker arrived: the answer is complete."""
+    """The provider's end-of-stream event arrived: the answer is complete (nothing after
+    it is forwarded)."""
     chunks: int
     """Blocks of complete events forwarded so far."""
     usage: dict[str, Any] | None
@@ -81,7 +86,8 @@ class Scanner(Protocol):
     error: dict[str, Any] | None
     """An error event the provider sent inside the stream."""
     malformed: bytes | None
-    """The start of an event that cannot be valid; the stream must end with an error."""
+    """The start of an event that is not valid (not complete JSON); the stream must end
+    with an error. The scanner checks every event before returning it."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return the bytes to forward now (possibly none)."""
@@ -133,8 +139,13 @@ class Provider(ABC):
         """A fresh scanner for one streamed answer."""
 
     @abstractmethod
-    def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
-        """A whole successful answer: its usage, and the body with the ``model`` rewrite applied."""
+    def read_answer(
+        self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
+    ) -> Answer:
+        """A whole 200 answer to ``endpoint`` (``/chat/completions`` ...): its usage, and the
+        body with the ``model`` rewrite applied. Raises the failure
+        (:func:`gateway.dispatch.failures.failure`) of a body that is no answer: empty,
+        not the endpoint's JSON, or an error object."""
 
     def status_failure(self, status: int) -> str:
         """The :mod:`gateway.dispatch.failures` row of an error status this provider answered."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gateway.dispatch.failures import failure
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
 from gateway.providers.sse import StreamScanner
 
@@ -66,21 +67,55 @@ class OpenAIProvider(Provider):
             model_to=shown_model,
         )
 
-    def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
-        if not content_type.startswith("application/json"):
-            return Answer(body, None)
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Answer(body, None)
-        if not isinstance(obj, dict):
-            return Answer(body, None)
+    def read_answer(
+        self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
+    ) -> Answer:
+        obj = check_answer(self.name, body, endpoint)
         usage = obj.get("usage")
         usage = usage if isinstance(usage, dict) else None
         if shown_model is not None and "model" in obj:
             obj["model"] = shown_model
             return Answer(orjson.dumps(obj), usage)
         return Answer(body, usage)
+
+
+ANSWER_KEYS: Mapping[str, str] = {
+    "/chat/completions": "choices",
+    "/completions": "choices",
+    "/embeddings": "data",
+    "/responses": "output",
+}
+"""The field every successful answer of an endpoint has (an endpoint not listed: only
+checked to be a JSON object that is not an error)."""
+
+
+def check_answer(name: str, body: bytes, endpoint: str | None) -> dict[str, Any]:
+    """A 200's body as a JSON object, or the failure that makes it no answer: empty
+    (``empty_answer``), not the endpoint's JSON (``invalid_answer``: truncated, invalid,
+    no ``choices``/``data``), or an error object (``error_answer``)."""
+    if not body.strip():
+        raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise failure(
+            "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
+        ) from None
+    if not isinstance(obj, dict):
+        raise failure("invalid_answer", f"deployment '{name}' answered 200 with JSON that is not an object")
+    error = obj.get("error")
+    if error is not None or obj.get("object") == "error":
+        detail = error if isinstance(error, dict) else obj
+        message = detail.get("message")
+        shown = message[:200] if isinstance(message, str) else "(no message)"
+        raise failure(
+            "error_answer",
+            f"deployment '{name}' answered 200 with an error (code {detail.get('code')!r}): {shown}",
+        )
+    key = ANSWER_KEYS.get(endpoint or "")
+    if key is not None and not isinstance(obj.get(key), list):
+        raise failure("invalid_answer", f"deployment '{name}' answered 200 without '{key}'")
+    return obj
 
 
 def _wants_usage(body: Mapping[str, Any]) -> bool:

@@ -1,8 +1,11 @@
-"""Forwarding SSE streams event by event, reading only what the gateway needs.
+"""Forwarding SSE streams event by event, each one checked before it is forwarded.
 
-The scanner cuts the byte stream at event boundaries (so an event is never split
-across two writes to the client) and looks inside an event only when a cheap byte
-search says it may hold something of interest: usage, an error, the end marker.
+The scanner cuts the byte stream at event boundaries (so an event is never split across
+two writes to the client) and parses every event's data: it must be a complete JSON
+object, or the end marker ``[DONE]``. The end of a stream is that event itself, never
+the bytes ``data: [DONE]`` found inside an event's JSON (a model explaining SSE writes
+them in its answer). Parsing is one ``orjson.loads`` per event, about a microsecond for
+a typical 200-byte chunk (``bench/sse_parse_cost.py``), which also reads usage and errors.
 """
 
 from __future__ import annotations
@@ -11,14 +14,7 @@ from typing import Any
 
 import orjson
 
-_DONE = b"data: [DONE]"
-# A non-null usage object, or an error (`{"error": ...}` or vLLM's `"object": "error"`).
-# Escaped quotes inside content (`\"error\"`) never match.
-_MARKERS = (b'"usage":{', b'"usage": {', b'"error"')
-
-
-def _marked(data: bytes) -> bool:
-    return _MARKERS[0] in data or _MARKERS[1] in data or _MARKERS[2] in data
+_DONE = b"[DONE]"
 
 
 class StreamScanner:
@@ -27,6 +23,9 @@ class StreamScanner:
     - ``strip_usage``: drop the usage-only chunk (``choices: []``) that the gateway asked
       for on the client's behalf.
     - ``model_from``/``model_to``: rewrite the ``model`` field of each chunk.
+
+    After ``[DONE]`` nothing more is forwarded. An event whose data is not a JSON object
+    sets :attr:`malformed` and is not forwarded (nor is anything after it).
     """
 
     __slots__ = (
@@ -38,6 +37,7 @@ class StreamScanner:
         "chunks",
         "done",
         "error",
+        "events",
         "malformed",
         "usage",
     )
@@ -56,13 +56,17 @@ class StreamScanner:
             self._model_new = (b'"model":' + new, b'"model": ' + new)
         self.done = False
         self.chunks = 0
+        self.events = 0
+        """JSON events seen (``[DONE]`` and comments not counted)."""
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.malformed: bytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
+        if self.done or self.malformed is not None:
+            return b""
         data = self._tail + chunk if self._tail else chunk
-        if self.chunks == 0:
+        if self.chunks == 0 and self.events == 0:
             newline = data.find(b"\n")
             if newline > 0 and data[newline - 1] == 0x0D:
                 self._sep = b"\r\n\r\n"
@@ -74,54 +78,50 @@ class StreamScanner:
         cut = end + len(sep)
         block, self._tail = data[:cut], data[cut:]
         self.chunks += 1
-        bad = _first_malformed(block, sep)
-        if bad >= 0:
-            # Forward what came before it; the caller ends the stream with an error.
-            self.malformed = block[bad : bad + 200]
-            block = block[:bad]
-            cut = len(block)
-            if not block:
-                return b""
-        # Usage, an error and [DONE] end a stream: only the last two events of a block
-        # can hold them, so only those are searched (a byte search of a whole 5 KB block
-        # costs microseconds; this keeps the scan independent of the block's size).
-        last = block.rfind(sep, 0, cut - len(sep))
-        if last >= 0:
-            last = block.rfind(sep, 0, last)
-        head = 0 if last < 0 else last + len(sep)
-        tail = block[head:] if head else block
-        if _marked(tail):
-            kept = self._inspect(tail)
-            if kept is not tail:
-                block = block[:head] + kept
-        if not self.done and _DONE in tail:
-            self.done = True
-        if self._model_old:
+        out = self._check(block, sep)
+        if self._model_old and out:
             for old, new in zip(self._model_old, self._model_new, strict=True):
-                block = block.replace(old, new)
-        return block
+                out = out.replace(old, new)
+        return out
 
-    def _inspect(self, events: bytes) -> bytes:
-        """Read usage and errors from these (at most two) events; drop the usage chunk if asked."""
-        sep = self._sep
-        kept: list[bytes] = []
-        dropped = False
-        for event in events.split(sep):
-            if not event:
+    def _check(self, block: bytes, sep: bytes) -> bytes:
+        """The part of ``block`` (complete events) to forward: every event up to the first
+        bad one or ``[DONE]`` (included), without a usage chunk the client did not ask for."""
+        offset = 0
+        kept_from = 0
+        pieces: list[bytes] | None = None  # only built when an event is dropped
+        size = len(sep)
+        for event in block[:-size].split(sep):
+            stop = offset + len(event) + size
+            payload = _data_of(event)
+            if payload is None:  # a comment, or an event without data (passed through)
+                offset = stop
                 continue
-            obj = _json_or_none(_data_of(event)) if _marked(event) else None
-            if isinstance(obj, dict):
-                if obj.get("error") is not None or obj.get("object") == "error":
-                    err = obj.get("error")
-                    self.error = err if isinstance(err, dict) else obj
-                usage = obj.get("usage")
-                if isinstance(usage, dict):
-                    self.usage = usage
-                    if self._strip_usage and not obj.get("choices"):
-                        dropped = True
-                        continue
-            kept.append(event + sep)
-        return b"".join(kept) if dropped else events
+            if payload == _DONE:
+                self.done = True
+                self._tail = b""
+                return _joined(pieces, block, kept_from, stop)
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict):
+                self.malformed = event[:200]
+                self._tail = b""
+                return _joined(pieces, block, kept_from, offset)
+            self.events += 1
+            if obj.get("error") is not None or obj.get("object") == "error":
+                err = obj.get("error")
+                self.error = err if isinstance(err, dict) else obj
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+                if self._strip_usage and not obj.get("choices"):
+                    pieces = pieces if pieces is not None else []
+                    pieces.append(block[kept_from:offset])
+                    kept_from = stop
+            offset = stop
+        return _joined(pieces, block, kept_from, len(block))
 
     @property
     def pending(self) -> bytes:
@@ -129,29 +129,20 @@ class StreamScanner:
         return self._tail
 
 
-def _first_malformed(block: bytes, sep: bytes) -> int:
-    """Offset of the first event whose data is neither a JSON object nor [DONE], or -1.
-
-    A shape check, not a parse: each event must end with ``}`` (or be ``[DONE]``, or an
-    SSE comment). It catches the truncated or garbled events a broken upstream sends,
-    at a fraction of a JSON parse's cost per event.
-    """
-    offset = 0
-    for event in block.split(sep):
-        if event and event[-1] != 0x7D and event[0] != 0x3A and not event.endswith(b"[DONE]"):
-            return offset
-        offset += len(event) + len(sep)
-    return -1
+def _joined(pieces: list[bytes] | None, block: bytes, start: int, stop: int) -> bytes:
+    if pieces is None:
+        return block[:stop] if start == 0 else block[start:stop]
+    pieces.append(block[start:stop])
+    return b"".join(pieces)
 
 
-def _data_of(event: bytes) -> bytes:
-    # An event may carry several data lines; OpenAI-style streams use exactly one.
+def _data_of(event: bytes) -> bytes | None:
+    """An event's data (several ``data:`` lines joined by newlines), ``None`` when it has
+    none (an SSE comment such as ``: keep-alive``, or only ``event:``/``id:`` fields)."""
+    if event.startswith(b"data:") and b"\n" not in event:
+        # OpenAI-style streams: one data line per event (the fast path).
+        return event[5:].strip(b" \r")
     lines = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
-    return b"\n".join(lines)
-
-
-def _json_or_none(payload: bytes) -> Any:
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
+    if not lines:
         return None
+    return b"\n".join(lines)

@@ -76,6 +76,17 @@ MODEL:SPEC[@RATE][#COUNT]`` and ``POST /sim/faults {"model", "fault", "rate", "c
   MS). Non-stream: the response is late by as much (or never comes).
 - ``malformed_chunk=K`` (default 1): a ``data: {not json`` event after K chunks, then the
   stream goes on to ``[DONE]``. Non-stream: a 200 whose body is ``{not json``.
+- Answering faults (what a broken server sends instead of an answer; nothing is
+  generated): ``empty_200`` (a 200 with an empty body; stream: SSE headers, then the
+  end, no event), ``error_200`` (a 200 whose body, or first event, is an error object),
+  ``truncated_200`` (half of a valid body, or of the first event, then the end),
+  ``invalid_200`` (a body, or a stream's third event, 0.3 s after the first two, that
+  ends in ``}`` but is not JSON; the stream then goes on to ``[DONE]``),
+  ``done_in_content`` (stream: content that contains ``data: [DONE]``, 0.3 s later
+  another chunk, then the end without the real ``[DONE]``), ``done_no_close`` (stream:
+  a short answer and ``[DONE]``, then the connection held open until the client leaves),
+  ``headers_hang`` (200 headers, then nothing until the client leaves). Without a
+  stream ``done_*`` answer normally. They speak OpenAI's wire format, on every endpoint.
 - ``empty``: empty content, ``finish_reason`` stop. ``bad_json``: the content is a
   truncated ``{"answer": "...`` (JSON requested or not). ``length=N`` (default 3): the
   answer stops after N tokens with ``finish_reason`` length.

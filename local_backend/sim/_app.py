@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from gateway.prompt_render import render_chat
+from local_backend.sim._canned import Canned, answer
 from local_backend.sim._config import SimConfig
 from local_backend.sim._faults import FaultRule
 from local_backend.sim._generate import generate
@@ -53,7 +54,10 @@ def _api(endpoint: str, impl: _Impl) -> Callable[[web.Request], Awaitable[web.St
         stats = state.stats
         call = Call(state, request, stats.begin(endpoint, request.headers))
         try:
-            return await impl(call)
+            try:
+                return await impl(call)
+            except Canned as canned:  # an answering fault: a made-up broken answer
+                return await answer(request, call.record, stats.finish, canned.name)
         except SimError as exc:
             call.record["status"] = exc.status
             stats.finish(call.record, exc.outcome)

@@ -8,10 +8,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Faults that answer instead of generating: the first one given wins.
-REJECTING = ("error", "rate_limit", "context_length", "hang")
+from local_backend.sim._canned import ANSWERING
+
+# Faults that answer instead of generating: the first one given wins. The answering
+# ones (empty_200 ... headers_hang) are made up by local_backend.sim._canned.
+REJECTING = ("error", "rate_limit", "context_length", "hang", *ANSWERING)
 # Faults that only mean something while tokens are generated (not for embeddings).
 GENERATION_ONLY = ("reset_mid_stream", "stall_mid_stream", "malformed_chunk", "empty", "bad_json", "length")
+_NOT_FOR_EMBEDDINGS = (*GENERATION_ONLY, "done_in_content", "done_no_close")
 FAULT_NAMES = (*REJECTING, "slow_first_token", *GENERATION_ONLY)
 
 _RULE_RE = re.compile(
@@ -191,7 +195,7 @@ def build_plan(specs: Sequence[FaultSpec], generation: bool) -> FaultPlan:
     plan = FaultPlan()
     for spec in specs:
         name = spec.name
-        if name in plan.names or (not generation and name in GENERATION_ONLY):
+        if name in plan.names or (not generation and name in _NOT_FOR_EMBEDDINGS):
             continue
         if name in REJECTING:
             if plan.reject is None:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from local_backend.sim._canned import ANSWERING, Canned
 from local_backend.sim._config import ModelProfile
 from local_backend.sim._faults import (
     NO_FAULTS,
@@ -401,6 +402,8 @@ async def reject(plan: FaultPlan, prompt_tokens: int, param: str) -> None:
         return
     if spec.name == "hang":
         await forever()
+    if spec.name in ANSWERING:
+        raise Canned(spec.name)
     raise _fault_error(spec, prompt_tokens, param)
 
 

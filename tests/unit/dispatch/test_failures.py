@@ -6,8 +6,8 @@ from gateway.dispatch.failures import DEFAULT_RETRY_ON, RETRYABLE, failure, is_u
 from gateway.errors import UpstreamError, UpstreamRateLimitError, UpstreamStatusError, UpstreamTimeoutError
 
 
-def test_retry_on_accepts_the_same_reasons_as_before_the_table() -> None:
-    assert RETRYABLE == (
+def test_retry_on_accepts_the_same_reasons_as_before_the_table_and_the_new_ones() -> None:
+    before = {
         "connect",
         "connect_timeout",
         "first_token_timeout",
@@ -20,13 +20,27 @@ def test_retry_on_accepts_the_same_reasons_as_before_the_table() -> None:
         "502",
         "503",
         "504",
-    )
+    }
+    new = {
+        "first_byte_timeout",
+        "body_timeout",
+        "empty_answer",
+        "invalid_answer",
+        "error_answer",
+        "upstream_auth_failed",
+    }
+    assert set(RETRYABLE) == before | new
     assert set(RETRYABLE) - set(DEFAULT_RETRY_ON) == {"total_timeout", "stream_incomplete"}
 
 
 def test_upstream_faults_count_against_the_circuit_and_client_faults_do_not() -> None:
     unwell = [failure("connect", "x"), failure("idle_timeout", "x"), status_error("d", 500, b"", {})]
-    well = [status_error("d", s, b"{}", {}) for s in (400, 401, 404, 408, 429, 501)]
+    # Rejected credentials are the deployment's fault (a revoked key): they count too.
+    unwell += [status_error("d", s, b"{}", {}) for s in (401, 403)]
+    unwell += [
+        failure(r, "x") for r in ("first_byte_timeout", "empty_answer", "invalid_answer", "error_answer")
+    ]
+    well = [status_error("d", s, b"{}", {}) for s in (400, 404, 408, 429, 501)]
     assert all(is_unwell(e) for e in unwell)
     assert not any(is_unwell(e) for e in well)
 

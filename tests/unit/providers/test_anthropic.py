@@ -10,7 +10,7 @@ import pytest
 
 from gateway.cachestats.cost import cost_usd
 from gateway.config import parse_policy
-from gateway.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError, UpstreamError
 from gateway.policy import Deployment, Price
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import CacheHints
@@ -320,3 +320,22 @@ def test_a_529_reaches_dispatch_as_a_503_with_anthropics_body() -> None:
 
     status, body = asyncio.run(run())
     assert status == 503 and b"overloaded_error" in body
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"", "empty_answer"),
+        (b'{"type": "message", "content": [{"type": "te', "invalid_answer"),
+        (
+            b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}',
+            "error_answer",
+        ),
+        (b'{"type": "completion"}', "invalid_answer"),
+    ],
+)
+def test_a_200_that_is_no_message_fails_like_a_5xx(body: bytes, reason: str) -> None:
+    provider = AnthropicProvider("claude", deployment())
+    with pytest.raises(UpstreamError) as info:
+        provider.read_answer(body, "application/json", None, endpoint="/chat/completions")
+    assert info.value.failure == reason

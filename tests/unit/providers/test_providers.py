@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from gateway.config import PolicyError, parse_policy
+from gateway.errors import UpstreamError
 from gateway.providers.base import CacheHints
 from gateway.providers.openai import OpenAIProvider
 from gateway.providers.registry import PROVIDERS
@@ -63,3 +65,37 @@ def test_policy_names_only_registered_providers() -> None:
         assert "deployments.d.provider: Input should be 'openai', 'vllm' or 'anthropic'" in str(exc)
     else:
         raise AssertionError("an unknown provider was accepted")
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint", "reason"),
+    [
+        (b"", "/chat/completions", "empty_answer"),
+        (b"  \n", "/embeddings", "empty_answer"),
+        (b'{"id": "x", "choices": [{"message": {"content": "cut', "/chat/completions", "invalid_answer"),
+        (b'{"choices": [}', "/chat/completions", "invalid_answer"),
+        (b"<html>bad gateway</html>", "/completions", "invalid_answer"),
+        (b'["not", "an", "object"]', None, "invalid_answer"),
+        (b'{"id": "x", "object": "chat.completion"}', "/chat/completions", "invalid_answer"),
+        (b'{"object": "list", "choices": []}', "/embeddings", "invalid_answer"),
+        (
+            b'{"error": {"message": "overloaded", "code": "server_error"}}',
+            "/chat/completions",
+            "error_answer",
+        ),
+        (b'{"object": "error", "message": "boom", "code": 500}', None, "error_answer"),
+    ],
+)
+def test_a_200_that_is_no_answer_fails_like_a_5xx(body: bytes, endpoint: str | None, reason: str) -> None:
+    provider = OpenAIProvider("d", deployment())  # type: ignore[arg-type]
+    with pytest.raises(UpstreamError) as info:
+        provider.read_answer(body, "application/json", None, endpoint=endpoint)
+    assert info.value.failure == reason and info.value.code == reason
+    assert info.value.http_status == 502
+
+
+def test_a_valid_answer_passes_unchanged() -> None:
+    provider = OpenAIProvider("d", deployment())  # type: ignore[arg-type]
+    body = b'{"object": "list", "data": [{"embedding": [0.1]}], "usage": {"prompt_tokens": 1}}'
+    answer = provider.read_answer(body, "application/json", None, endpoint="/embeddings")
+    assert answer.body is body and answer.usage == {"prompt_tokens": 1}

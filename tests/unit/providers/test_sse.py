@@ -89,3 +89,64 @@ def test_usage_and_done_are_found_at_the_end_of_a_large_block() -> None:
     out = scanner.feed(content + chunk("", usage=USAGE, choices=False) + b"data: [DONE]\n\n")
     assert out == content + b"data: [DONE]\n\n"
     assert scanner.usage == USAGE and scanner.done
+
+
+# --- #13: the end is the [DONE] event itself; every event is complete JSON -------------
+
+
+def test_done_inside_content_is_not_the_end_and_nothing_is_held_back() -> None:
+    scanner = StreamScanner()
+    explaining = chunk('an SSE stream ends with "data: [DONE]\\n\\n" like this: data: [DONE]')
+    assert scanner.feed(explaining) == explaining  # forwarded at once
+    assert not scanner.done
+    later = chunk(" and more")
+    assert scanner.feed(later) == later
+    assert not scanner.done
+
+
+def test_done_as_raw_bytes_inside_a_json_string_is_not_the_end() -> None:
+    # Even unescaped framing bytes inside a JSON string (an upstream that did not escape
+    # them) cannot end the stream: the event is split there and fails the JSON check.
+    scanner = StreamScanner()
+    out = scanner.feed(b'data: {"choices": [{"delta": {"content": "x\n\ndata: [DONE]\n\n"}}]}\n\n')
+    assert not scanner.done
+    assert scanner.malformed is not None and out == b""
+
+
+def test_nothing_after_done_is_forwarded() -> None:
+    scanner = StreamScanner()
+    stream = chunk("a") + b"data: [DONE]\n\n"
+    assert scanner.feed(stream + chunk("late")) == stream
+    assert scanner.feed(chunk("later")) == b""
+    assert scanner.done and scanner.events == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'data: {"choices": [}\n\n',  # ends in } but is not JSON (the old last-byte check passed it)
+        b'data: {"choices": [{"delta": {"content": "cut\n\n',
+        b"data: [1, 2]\n\n",  # JSON, but not an object
+        b"data: not json\n\n",
+    ],
+)
+def test_an_event_that_is_not_a_json_object_is_malformed_and_not_forwarded(bad: bytes) -> None:
+    scanner = StreamScanner()
+    good = chunk("a")
+    assert scanner.feed(good + bad + chunk("b")) == good
+    assert scanner.malformed is not None
+    assert scanner.feed(chunk("c")) == b""
+
+
+def test_comments_and_data_less_events_pass_through() -> None:
+    scanner = StreamScanner()
+    stream = b": keep-alive\n\nevent: ping\n\n" + chunk("a") + b"data: [DONE]\n\n"
+    assert scanner.feed(stream) == stream
+    assert scanner.done and scanner.events == 1 and scanner.malformed is None
+
+
+def test_an_event_with_several_data_lines_is_parsed_whole() -> None:
+    scanner = StreamScanner()
+    event = b'data: {"choices":\ndata: []}\n\n'
+    assert scanner.feed(event) == event
+    assert scanner.malformed is None and scanner.events == 1

@@ -89,3 +89,17 @@ def test_plan_merges_mid_stream_faults() -> None:
 def test_plan_for_embeddings_drops_generation_faults() -> None:
     plan = build_plan(parse_fault_specs("reset_mid_stream=1, slow_first_token=10"), generation=False)
     assert plan.names == ["slow_first_token"] and plan.reset_after is None
+
+
+def test_answering_faults_reject_and_the_first_wins() -> None:
+    plan = build_plan(parse_fault_specs("slow_first_token=5, error_200, empty_200"), generation=True)
+    assert plan.reject is not None and plan.reject.name == "error_200" and plan.names == ["error_200"]
+    rule = parse_fault_rule("a:error=401")
+    assert (rule.model, [s.status for s in rule.specs]) == ("a", [401])  # a per-model 401
+
+
+def test_stream_answering_faults_are_dropped_for_embeddings() -> None:
+    assert build_plan(parse_fault_specs("done_in_content"), generation=False).reject is None
+    assert build_plan(parse_fault_specs("done_no_close"), generation=False).reject is None
+    plan = build_plan(parse_fault_specs("truncated_200"), generation=False)
+    assert plan.reject is not None and plan.reject.name == "truncated_200"
