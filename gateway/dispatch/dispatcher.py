@@ -38,6 +38,7 @@ __all__ = ["Dispatcher", "OpenStream", "UnaryResult", "failure_reason"]
 
 T = TypeVar("T")
 Attempt = Callable[[Provider, Timeouts], Awaitable[T]]
+Adapt = Callable[[Provider], Provider]
 
 
 def tighten(timeouts: Timeouts, request: Timeouts | None) -> Timeouts:
@@ -116,21 +117,36 @@ class Dispatcher:
         }
 
     async def unary(
-        self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
+        self,
+        ctx: RequestContext,
+        route: Route,
+        endpoint: str,
+        body: dict[str, Any],
+        adapt: Adapt | None = None,
     ) -> UnaryResult:
-        """A non-stream request, answered whole."""
+        """A non-stream request, answered whole. ``adapt`` wraps each attempt's provider
+        (an endpoint dialect that a deployment serves natively or translated)."""
 
         async def attempt(upstream: Provider, timeouts: Timeouts) -> UnaryResult:
+            if adapt is not None:
+                upstream = adapt(upstream)
             return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
 
         return await self._run(ctx, route, attempt, stream=False)
 
     async def open_stream(
-        self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
+        self,
+        ctx: RequestContext,
+        route: Route,
+        endpoint: str,
+        body: dict[str, Any],
+        adapt: Adapt | None = None,
     ) -> OpenStream:
         """A stream request, returned once its first event arrived (nothing sent to the client yet)."""
 
         async def attempt(upstream: Provider, timeouts: Timeouts) -> OpenStream:
+            if adapt is not None:
+                upstream = adapt(upstream)
             return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body)
 
         opened = await self._run(ctx, route, attempt, stream=True)

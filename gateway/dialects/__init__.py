@@ -1,0 +1,1 @@
+"""Translations between the client-facing API dialects and the upstream ones."""
