@@ -22,7 +22,13 @@ _TERMINAL = (b"response.completed", b"response.incomplete", b"response.failed")
 class NativeResponsesScanner:
     """Feed upstream bytes of a Responses stream; get back the bytes to forward now."""
 
-    def __init__(self, *, model_from: str | None = None, model_to: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model_from: str | None = None,
+        model_to: str | None = None,
+        previous_response_id: str | None = None,
+    ) -> None:
         self._tail = b""
         self._sep = b"\n\n"
         self._model_to = model_to
@@ -30,6 +36,15 @@ class NativeResponsesScanner:
         if model_from is not None and model_to is not None and model_from != model_to:
             old, new = orjson.dumps(model_from), orjson.dumps(model_to)
             self._model = [(b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new)]
+        self._previous_id = previous_response_id
+        self._replace = list(self._model)
+        if previous_response_id is not None:
+            # The gateway sent the conversation as input items: the client still sees its id.
+            shown = orjson.dumps(previous_response_id)
+            self._replace += [
+                (b'"previous_response_id":null', b'"previous_response_id":' + shown),
+                (b'"previous_response_id": null', b'"previous_response_id": ' + shown),
+            ]
         self.done = False
         self.chunks = 0
         self.events = 0
@@ -80,7 +95,7 @@ class NativeResponsesScanner:
                 self._inspect(event)
             kept.append(event + self._sep)
         out = b"".join(kept)
-        for old, new in self._model:
+        for old, new in self._replace:
             out = out.replace(old, new)
         return out
 
@@ -110,4 +125,6 @@ class NativeResponsesScanner:
             else:
                 if self._model:
                     response["model"] = self._model_to
+                if self._previous_id is not None:
+                    response["previous_response_id"] = self._previous_id
                 self.final_response = response

@@ -110,8 +110,15 @@ class ResponsesProvider(Provider):
             inner = self.inner.scanner(strip_usage=False, shown_model=None)
             return ChatToResponsesScanner(self.state.request, inner, shown_model)
         return NativeResponsesScanner(
-            model_from=self.upstream_model if shown_model is not None else None, model_to=shown_model
+            model_from=self.upstream_model if shown_model is not None else None,
+            model_to=shown_model,
+            previous_response_id=self._expanded_previous_id(),
         )
+
+    def _expanded_previous_id(self) -> str | None:
+        """The ``previous_response_id`` the gateway replaced by input items (native mode)."""
+        previous = self.state.request.get("previous_response_id")
+        return previous if self.state.history and isinstance(previous, str) else None
 
     def read_answer(self, body: bytes, content_type: str, shown_model: str | None) -> Answer:
         if self.mode == "translate":
@@ -131,8 +138,12 @@ class ResponsesProvider(Provider):
         if not isinstance(obj, dict):
             return Answer(body, None)
         usage = chat_usage(obj.get("usage"))
-        if shown_model is not None and "model" in obj:
-            obj["model"] = shown_model
+        previous = self._expanded_previous_id()
+        if (shown_model is not None and "model" in obj) or previous is not None:
+            if shown_model is not None and "model" in obj:
+                obj["model"] = shown_model
+            if previous is not None:
+                obj["previous_response_id"] = previous
             return Answer(orjson.dumps(obj), usage)
         return Answer(body, usage)
 
