@@ -168,9 +168,53 @@ def test_hosted_tool_on_translated_deployment_is_400(client: openai.OpenAI) -> N
     assert info.value.body["param"] == "tools[0]"  # type: ignore[index]
 
 
-def test_routing_auto_and_endpoint_label(client: openai.OpenAI, gateways: tuple[GatewayProcess, GatewayProcess]) -> None:
+def test_routing_auto_and_endpoint_label(
+    client: openai.OpenAI, gateways: tuple[GatewayProcess, GatewayProcess]
+) -> None:
     raw = client.responses.with_raw_response.create(model="auto", input="Hello")
     assert raw.headers["x-switchyard-route"]
     assert raw.parse().output_text
     metrics = urllib.request.urlopen(gateways[0].url + "/metrics").read().decode()
     assert 'endpoint="/v1/responses"' in metrics
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_stream_cut_after_start_ends_with_error_event(
+    client: openai.OpenAI, sim: SimServer, model: str
+) -> None:
+    sim.set_fault("sim-fast", "reset_mid_stream=2", count=1)
+    try:
+        events = list(client.responses.create(model=model, input="Tell me a long story.", stream=True))
+    finally:
+        sim.clear_faults()
+    assert events[0].type == "response.created"
+    assert events[-1].type == "error"
+    assert events[-1].code == "upstream_disconnected"  # type: ignore[union-attr]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_redis_down_stateless_works_stateful_is_503(
+    sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    gw = GatewayProcess(_policy(sim.base_url), redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw"))
+    gw.start()
+    try:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="k1", max_retries=0)
+        first = client.responses.create(model="sim-chat", input="Hello")
+        # Point the store at a Redis that is not there: the gateway's own connection is
+        # shared, so stop answering by pausing the server for this client's commands.
+        import redis as redis_lib
+
+        admin = redis_lib.Redis.from_url(redis_url)
+        admin.client_pause(3000, all=True)
+        try:
+            stateless = client.responses.create(model="sim-chat", input="Hi", store=False)
+            assert stateless.output_text
+            with pytest.raises(openai.InternalServerError) as info:
+                client.responses.create(model="sim-chat", input="again", previous_response_id=first.id)
+            assert info.value.status_code == 503
+            assert info.value.code == "store_unavailable"
+        finally:
+            admin.client_unpause()
+    finally:
+        gw.stop()
