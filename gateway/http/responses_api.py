@@ -37,6 +37,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
     stages = request.app[STAGES]
+    _check_input_size(body, stages.settings.max_messages)
     store = _store(request)
     previous_id = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
@@ -82,6 +83,18 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return web.Response(body=result.body, headers=route_headers(ctx), content_type="application/json")
 
 
+def _check_input_size(body: dict[str, Any], max_items: int) -> None:
+    """The chat endpoint's message limit, applied to input items (they become messages)."""
+    items = body.get("input")
+    if isinstance(items, list) and len(items) > max_items:
+        raise InvalidRequestError(
+            f"Invalid 'input': array too long. Expected an array with at most {max_items} "
+            f"elements, but got {len(items)}.",
+            param="input",
+            code="array_above_max_length",
+        )
+
+
 def _owner(ctx: RequestContext) -> str | None:
     return ctx.key_id
 
@@ -98,7 +111,7 @@ async def delete_response(request: web.Request) -> web.StreamResponse:
     ctx = request[CTX]
     response_id = request.match_info["response_id"]
     await _store(request).delete(_owner(ctx), response_id)
-    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+    return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def list_input_items(request: web.Request) -> web.StreamResponse:

@@ -22,9 +22,11 @@ from gateway.prompt_render import render_chat
 from gateway.providers.sse import StreamScanner
 from local_backend.sim._generate import _SSE_HEADERS, _Generation, _make_choice
 from local_backend.sim._request import (
+    JSON_TYPE,
     Call,
     SimError,
     check_auth,
+    dumps,
     fault_plan,
     forced_tool,
     int_param,
@@ -115,4 +117,4 @@ async def responses(call: Call) -> web.StreamResponse:
         completion = orjson.loads(answer.body)  # type: ignore[arg-type]
     except orjson.JSONDecodeError:
         return answer  # a malformed-answer fault stays malformed
-    return web.json_response(from_chat(body, completion, model), dumps=lambda o: orjson.dumps(o).decode())
+    return web.Response(body=dumps(from_chat(body, completion, model)), content_type=JSON_TYPE)

@@ -26,9 +26,12 @@ WEATHER_TOOL = {
 def _policy(base_url: str) -> str:
     return f"""
 deployments:
-  sim-chat: {{provider: vllm, model: sim-fast, base_url: "{base_url}", response_model: deployment}}
+  sim-chat:
+    {{provider: vllm, model: sim-fast, base_url: "{base_url}", response_model: deployment,
+      price: {{input: 1.0, output: 2.0}}}}
   sim-native:
-    {{provider: vllm, model: sim-fast, base_url: "{base_url}", responses_api: native, response_model: deployment}}
+    {{provider: vllm, model: sim-fast, base_url: "{base_url}", responses_api: native, response_model: deployment,
+      price: {{input: 1.0, output: 2.0}}}}
 tiers:
   fast: [sim-chat]
   strong: [sim-native]
@@ -218,3 +221,20 @@ def test_redis_down_stateless_works_stateful_is_503(
             admin.client_unpause()
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_and_cost_are_accounted(
+    client: openai.OpenAI, gateways: tuple[GatewayProcess, GatewayProcess], model: str, stream: bool
+) -> None:
+    raw = client.responses.with_raw_response.create(model=model, input="Count me.", stream=stream)
+    request_id = raw.headers["x-request-id"]
+    if stream:
+        list(raw.parse())
+    else:
+        raw.parse()
+    line = gateways[0].wait_log(lambda line: line.get("request_id") == request_id)
+    assert line["endpoint"] == "/v1/responses" and line["deployment"] == model
+    assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0 and line["cost_usd"] > 0
+    assert line["cached_tokens"] is not None
