@@ -94,6 +94,8 @@ def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     if isinstance(raw, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list):
+        return []
     return [item for item in raw if isinstance(item, dict)]
 
 
@@ -225,7 +227,7 @@ def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "id" in item:
             out.append(item)
             continue
-        kind = item.get("type") or "message"
+        kind = str(item.get("type") or "message")
         prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "item")
         stored = {"id": new_id(prefix), **item, "type": kind}
         if kind == "message":

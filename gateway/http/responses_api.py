@@ -50,12 +50,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             )
         history = (await store.load(ctx.key_id, previous_id, "previous_response_id")).conversation
     state = ResponsesRequestState(dict(body), history)
-    items = with_ids(input_items(body))
     keep = body.get("store", True) is not False
 
     async def save(response: dict[str, Any] | None) -> None:
         if not keep or response is None or "id" not in response:
             return
+        # The body was validated by the pipeline by now: its items are dicts.
+        items = with_ids(input_items(body))
         stored = StoredResponse(response, items, [*history, *items, *response.get("output", [])])
         try:
             await store.save(ctx.key_id, stored, ctx.snapshot.policy.responses.store_ttl_s)

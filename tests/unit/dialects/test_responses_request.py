@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.dialects.responses_request import to_chat, with_ids
+from gateway.api.protocol import validate
+from gateway.dialects.responses_request import input_items, to_chat, with_ids
+from gateway.dialects.responses_wire import ResponsesRequest
 from gateway.errors import InvalidRequestError
 
 
@@ -109,3 +113,47 @@ def test_input_items_get_ids_for_the_store() -> None:
     assert items[0]["id"].startswith("msg_") and items[0]["type"] == "message"
     assert items[0]["content"] == [{"type": "input_text", "text": "hi"}]
     assert items[1]["id"].startswith("fco_")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["type", "role", "content", "call_id", "name", "arguments", "output", "text", "image_url"]
+)
+_item = st.dictionaries(
+    _keys, _json | st.sampled_from(["message", "function_call", "user", "input_text"]), max_size=5
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"model": st.just("m")},
+        optional={
+            "input": st.text(max_size=5) | st.lists(_item, max_size=4),
+            "instructions": st.text(max_size=5),
+            "tools": st.lists(
+                st.dictionaries(st.sampled_from(["type", "name"]), _json, max_size=2), max_size=2
+            ),
+            "tool_choice": _json,
+            "text": st.dictionaries(st.sampled_from(["format", "verbosity"]), _json, max_size=2),
+            "reasoning": st.dictionaries(st.sampled_from(["effort"]), _json, max_size=1),
+        },
+    )
+)
+def test_any_valid_request_translates_or_is_a_400(body: dict[str, Any]) -> None:
+    """Whatever passes the wire model either translates or is refused with a 400: never a traceback."""
+    try:
+        validate(ResponsesRequest, body)
+    except InvalidRequestError:
+        return
+    try:
+        out = to_chat(body, [], "dep")
+    except InvalidRequestError as exc:
+        assert exc.param
+        return
+    assert isinstance(out["messages"], list)
+    with_ids(input_items(body))
