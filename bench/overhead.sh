@@ -2,6 +2,9 @@
 # Gateway overhead: the same wrk load straight at a canned nginx upstream and through
 # Switchyard (and, with --litellm, through LiteLLM's proxy), at concurrency 1, 16 and 64,
 # non-stream and stream. Prints a table and writes JSON. See bench/README.md.
+# Modes `responses` and `resp-stream` post the same conversation to the gateway's
+# /v1/responses (translated to chat for the canned upstream); they run on the gateway only
+# and are compared with the direct run of `nonstream` / `stream` in the same round.
 #
 # Usage: bash bench/overhead.sh [--litellm] [--workers N] [--duration S] [--out FILE]
 #                               [--warmup S] [--concurrency "1 16 64"] [--modes "nonstream stream"]
@@ -74,7 +77,8 @@ done
 [[ $WAIT_QUIET_S =~ ^[0-9]+$ ]] || die "--wait-quiet must be whole seconds"
 [[ $KEY_MODE == none || $KEY_MODE == unlimited || $KEY_MODE == limited ]] || die "--key: none, unlimited or limited"
 for m in $MODES; do
-  [[ $m == nonstream || $m == stream ]] || die "--modes: unknown mode '$m'"
+  [[ $m == nonstream || $m == stream || $m == responses || $m == resp-stream ]] ||
+    die "--modes: unknown mode '$m' (nonstream, stream, responses, resp-stream)"
 done
 for c in $CONCURRENCY; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: not a number: '$c'"
@@ -271,8 +275,8 @@ fi
 
 cat >"$WORK/policy.yaml" <<EOF
 deployments:
-  canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1"}
-  canned-stream: {base_url: "http://127.0.0.1:$SSE_PORT/v1"}
+  canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1", responses_api: translate}
+  canned-stream: {base_url: "http://127.0.0.1:$SSE_PORT/v1", responses_api: translate}
 tiers:
   fast: [canned]
   strong: [canned-stream]
@@ -405,11 +409,16 @@ target_url() {
   case "$1:$2" in
     direct:nonstream) echo "http://127.0.0.1:$JSON_PORT/v1/chat/completions" ;;
     direct:stream) echo "http://127.0.0.1:$SSE_PORT/v1/chat/completions" ;;
+    gateway:responses | gateway:resp-stream) echo "http://127.0.0.1:$GW_PORT/v1/responses" ;;
     gateway:*) echo "http://127.0.0.1:$GW_PORT/v1/chat/completions" ;;
     litellm:*) echo "http://127.0.0.1:$LL_PORT/v1/chat/completions" ;;
   esac
 }
-target_model() { if [[ $2 == stream ]]; then echo canned-stream; else echo canned; fi; }
+target_model() { if [[ $2 == stream || $2 == resp-stream ]]; then echo canned-stream; else echo canned; fi; }
+# mode_targets MODE: the targets a mode runs on (the Responses modes only on the gateway).
+mode_targets() {
+  if [[ $1 == responses || $1 == resp-stream ]]; then echo gateway; else echo "${TARGETS[@]}"; fi
+}
 target_pgid() {
   case "$1" in
     direct) echo "$NGINX_PID" ;;
@@ -420,22 +429,39 @@ target_pgid() {
 target_key() {
   if [[ $1 == litellm ]]; then echo "$LL_KEY"; elif [[ $1 == gateway ]]; then echo "$GW_KEY"; else echo sk-bench-dummy; fi
 }
-mode_script() { if [[ $1 == stream ]]; then echo "$BENCH_DIR/wrk/chat_stream.lua"; else echo "$BENCH_DIR/wrk/chat.lua"; fi; }
+mode_script() {
+  case "$1" in
+    stream) echo "$BENCH_DIR/wrk/chat_stream.lua" ;;
+    responses) echo "$BENCH_DIR/wrk/responses.lua" ;;
+    resp-stream) echo "$BENCH_DIR/wrk/responses_stream.lua" ;;
+    *) echo "$BENCH_DIR/wrk/chat.lua" ;;
+  esac
+}
 
 # One request per target and mode with curl: status, completeness and size of the answer.
 : >"$WORK/sanity.jsonl"
 for mode in $MODES; do
-  for target in "${TARGETS[@]}"; do
+  for target in $(mode_targets "$mode"); do
     model=$(target_model "$target" "$mode")
     stream=false
-    [[ $mode == stream ]] && stream=true
+    [[ $mode == stream || $mode == resp-stream ]] && stream=true
     req="{\"model\":\"$model\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+    [[ $mode == responses || $mode == resp-stream ]] &&
+      req="{\"model\":\"$model\",\"stream\":$stream,\"store\":false,\"input\":\"hi\"}"
     out=$WORK/sanity-$target-$mode.out
     code=$(curl -sS -o "$out" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
       -H "Authorization: Bearer $(target_key "$target")" \
       -d "$req" "$(target_url "$target" "$mode")" 2>/dev/null || echo 000)
     bytes=$(wc -c <"$out" 2>/dev/null || echo 0)
-    if [[ $mode == stream ]]; then
+    if [[ $mode == resp-stream ]]; then
+      events=$(grep -c '^data: ' "$out" || true)
+      usage_chunk=$(grep -c '"input_tokens_details"' "$out" || true)
+      complete=$(grep -q '^event: response.completed' "$out" && echo true || echo false)
+    elif [[ $mode == responses ]]; then
+      events=0
+      usage_chunk=0
+      complete=$(grep -q '"output"' "$out" && echo true || echo false)
+    elif [[ $mode == stream ]]; then
       events=$(grep -c '^data: ' "$out" || true)
       usage_chunk=$(grep -c '"choices":\[\],' "$out" || true)
       complete=$(grep -q '^data: \[DONE\]' "$out" && echo true || echo false)
@@ -487,8 +513,8 @@ children_cpu_ms() {
 }
 
 if ((WARMUP_S > 0)); then
-  for target in "${TARGETS[@]}"; do
-    for mode in $MODES; do
+  for mode in $MODES; do
+    for target in $(mode_targets "$mode"); do
       log "warm-up: $target $mode, ${WARMUP_S}s at c=16"
       run_wrk "$target" "$mode" 16 "$WARMUP_S" "warmup-$target-$mode" >/dev/null
     done
@@ -557,15 +583,16 @@ measure() {
 # Targets back to back at each mode and concurrency; with --repeat N, N such rounds,
 # interleaved so that a slow minute of the machine hits every target alike; the report
 # shows medians over the rounds.
-n_modes=$(wc -w <<<"$MODES")
 n_conc=$(wc -w <<<"$CONCURRENCY")
-total_runs=$((n_modes * n_conc * REPEAT * ${#TARGETS[@]}))
+n_target_modes=0
+for mode in $MODES; do n_target_modes=$((n_target_modes + $(wc -w <<<"$(mode_targets "$mode")"))); done
+total_runs=$((n_target_modes * n_conc * REPEAT))
 log "measuring: $total_runs runs of ${DURATION_S}s (wrk -t$WRK_THREADS, --timeout 10s)"
 run_no=0
 for mode in $MODES; do
   for conc in $CONCURRENCY; do
     for ((round = 1; round <= REPEAT; round++)); do
-      for target in "${TARGETS[@]}"; do
+      for target in $(mode_targets "$mode"); do
         run_no=$((run_no + 1))
         printf '  [%d/%d]' "$run_no" "$total_runs"
         measure "$target" "$mode" "$conc" "$round"

@@ -35,6 +35,11 @@ def load_lines(path: str) -> list[Run]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+# The Responses API modes run on the gateway only; their deltas are against the direct
+# run of the chat mode that sends the same conversation upstream.
+BASE_MODE = {"responses": "nonstream", "resp-stream": "stream"}
+
+
 def derive(runs: list[Run], clk_tck: int) -> list[Run]:
     """Per-run numbers: CPU per request, machine load, and the deltas against direct."""
     by_key = {(r["target"], r["mode"], r["concurrency"], r.get("round", 1)): r for r in runs}
@@ -57,7 +62,7 @@ def derive(runs: list[Run], clk_tck: int) -> list[Run]:
             ours += ticks["app"]
         r["unaccounted_cpu_pct"] = 100.0 * (ticks["machine_busy"] - ours) / total if total else None
         key = (r["mode"], r["concurrency"], r.get("round", 1))
-        direct = by_key.get(("direct", *key))
+        direct = by_key.get(("direct", BASE_MODE.get(r["mode"], r["mode"]), *key[1:]))
         if r["target"] != "direct" and w and direct and direct.get("wrk"):
             d = direct["wrk"]
             r["added_p50_ms"] = w["latency_ms"]["p50"] - d["latency_ms"]["p50"]
@@ -134,7 +139,7 @@ def fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 COLUMNS = [
     ("target", 8, "<"),
-    ("mode", 9, "<"),
+    ("mode", 11, "<"),
     ("conc", 4, ">"),
     ("req/s", 8, ">"),
     ("spread", 6, ">"),
@@ -257,7 +262,7 @@ def cmd_line(args: argparse.Namespace) -> int:
     if not runs:
         return 0
     r = runs[-1]
-    head = f"{r['target']:8} {r['mode']:9} c={r['concurrency']:<3}"
+    head = f"{r['target']:8} {r['mode']:11} c={r['concurrency']:<3}"
     w = r.get("wrk")
     if not w:
         print(f" {head} no result")
@@ -335,7 +340,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"Gateway req/s against {args.baseline}:")
         for c in comparison:
             print(
-                f"  {c['mode']:9} c={c['concurrency']:<3} {c['rps']:8.0f}"
+                f"  {c['mode']:11} c={c['concurrency']:<3} {c['rps']:8.0f}"
                 f" vs {c['baseline_rps']:8.0f}  x{c['ratio']:.2f}"
             )
     result = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -21,6 +21,7 @@ from gateway.config import Settings
 from gateway.context import RequestContext
 from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
 from gateway.errors import PermissionDeniedError
+from gateway.providers.base import Provider
 from gateway.routing.escalation import escalation_route
 from gateway.routing.resolve import Route
 from gateway.shaping.service import ShapingState, pop_gateway_metadata
@@ -29,6 +30,17 @@ from gateway.telemetry import tracing
 from gateway.telemetry.record import FinishedRequest, finished_request
 
 Sink = Callable[[FinishedRequest], None]
+
+
+class Dialect(Protocol):
+    """An endpoint whose requests a deployment may serve natively or translated (the
+    Responses API): how the router reads the request, and the provider per attempt."""
+
+    def routing_view(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The request as a chat body, for the router's features."""
+
+    def adapt(self, inner: Provider) -> Provider:
+        """The deployment's provider as this request's provider."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,12 +62,14 @@ async def run_unary(
     endpoint: str,
     body: dict[str, Any],
     headers: Mapping[str, str],
+    dialect: Dialect | None = None,
 ) -> UnaryResult:
     """A non-stream request, prepared, admitted and answered; a fast chat answer that fails
     the policy's escalation check is asked again, once, of the escalation tier."""
-    route = _prepare(stages, ctx, schema, body, headers)
+    route = _prepare(stages, ctx, schema, body, headers, dialect)
     await _admit(stages, ctx)
-    result = await stages.dispatcher.unary(ctx, route, endpoint, body)
+    adapt = dialect.adapt if dialect is not None else None
+    result = await stages.dispatcher.unary(ctx, route, endpoint, body, adapt)
     # Only a chat answer is checked: every check reads its message.
     if endpoint == "/chat/completions":
         escalation = escalation_route(ctx.snapshot.policy, route, body, result.body)
@@ -74,12 +88,14 @@ async def open_stream(
     endpoint: str,
     body: dict[str, Any],
     headers: Mapping[str, str],
+    dialect: Dialect | None = None,
 ) -> OpenStream:
     """A stream request, prepared, admitted and opened: its first bytes are in hand."""
-    route = _prepare(stages, ctx, schema, body, headers)
+    route = _prepare(stages, ctx, schema, body, headers, dialect)
     await _admit(stages, ctx)
     ctx.stream = True
-    opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body)
+    adapt = dialect.adapt if dialect is not None else None
+    opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body, adapt)
     stages.shaping.prefix_hit(ctx)
     return opened
 
@@ -99,6 +115,7 @@ def _prepare(
     schema: type[BaseModel],
     body: dict[str, Any],
     headers: Mapping[str, str],
+    dialect: Dialect | None = None,
 ) -> Route:
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
     template) come from headers or ``metadata`` and are not sent upstream."""
@@ -129,7 +146,8 @@ def _prepare(
     dispatcher = stages.dispatcher
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
-        route = ctx.snapshot.router.resolve(body, hint, dispatcher.available, dispatcher.pool.in_flight)
+        view = dialect.routing_view(body) if dialect is not None else body
+        route = ctx.snapshot.router.resolve(view, hint, dispatcher.available, dispatcher.pool.in_flight)
         _set_route(ctx, route)
         if span is not None:
             span.set_attributes(

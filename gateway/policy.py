@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from gateway.dialects.responses_policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
@@ -86,6 +87,12 @@ class Deployment(StrictModel):
         description="The `model` field clients see: the upstream's, this deployment's name, "
         "or the name the client asked for.",
     )
+    responses_api: Literal["native", "translate"] | None = Field(
+        None,
+        description="How /v1/responses requests reach this deployment: passed through (native) "
+        "or translated to chat completions (translate). Default: native for provider openai, "
+        "translate for the others.",
+    )
     launch: VllmLaunch | None = Field(
         None, description="Start and supervise `vllm serve` for this deployment (provider vllm)."
     )
@@ -145,6 +152,7 @@ class Policy(StrictModel):
     routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
     dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
     shaping: ShapingPolicy = Field(default_factory=ShapingPolicy)
+    responses: ResponsesPolicy = Field(default_factory=ResponsesPolicy)
 
     def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:
         """The timeouts of an attempt on ``deployment`` for ``tier``: the deployment's own, the

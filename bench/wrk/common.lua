@@ -56,6 +56,20 @@ M.system_prompt = table.concat({
 M.user_turn = "Hi, my order A-10432 was supposed to arrive yesterday and the tracking page has not "
   .. "changed since Monday. Where is it, and can I still get it before the weekend?"
 
+-- The same conversation as a Responses API request (instructions + input), for the
+-- gateway's /v1/responses (translated to the same chat request upstream).
+function M.responses_body(stream)
+  local model = os.getenv("BENCH_MODEL") or "canned"
+  return table.concat({
+    '{"model":', json_string(model),
+    ',"instructions":', json_string(M.system_prompt),
+    ',"input":', json_string(M.user_turn),
+    ',"temperature":0.2,"max_output_tokens":256,"user":"bench-user-0042","store":false',
+    ',"stream":', stream and "true" or "false",
+    "}",
+  })
+end
+
 function M.body(stream)
   local model = os.getenv("BENCH_MODEL") or "canned"
   return table.concat({
@@ -68,10 +82,11 @@ function M.body(stream)
   })
 end
 
--- Installs wrk's callbacks as globals. `stream` selects the body and the completeness check.
-function M.install(stream)
+-- Installs wrk's callbacks as globals. `stream` selects the body and the completeness check;
+-- `responses` posts the Responses API body and checks for its end instead.
+function M.install(stream, responses)
   wrk.method = "POST"
-  wrk.body = M.body(stream)
+  wrk.body = responses and M.responses_body(stream) or M.body(stream)
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Accept"] = stream and "text/event-stream" or "application/json"
   wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_API_KEY") or "sk-bench-dummy")
@@ -92,6 +107,7 @@ function M.install(stream)
 
   if check then
     local marker = stream and "data: [DONE]" or '"choices"'
+    if responses then marker = stream and "event: response.completed" or '"output"' end
     function response(status, headers, body)
       responses = responses + 1
       if status < 200 or status > 299 then

@@ -1,1 +1,1 @@
-"""Endpoint dialects: translations between OpenAI's wire format and other providers' APIs."""
+"""Endpoint dialects: translations between the client-facing APIs (Responses, Messages) and upstream ones."""

@@ -51,6 +51,7 @@ T = TypeVar("T")
 Attempt = Callable[[Provider, Timeouts, "float | None"], Awaitable[T]]
 """One attempt on a deployment: its provider, its timeouts, and the request's deadline
 (event-loop time, from ``total_s``; ``None``: no bound)."""
+Adapt = Callable[[Provider], Provider]
 
 
 def tighten(timeouts: Timeouts, request: Timeouts | None) -> Timeouts:
@@ -135,21 +136,36 @@ class Dispatcher:
         }
 
     async def unary(
-        self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
+        self,
+        ctx: RequestContext,
+        route: Route,
+        endpoint: str,
+        body: dict[str, Any],
+        adapt: Adapt | None = None,
     ) -> UnaryResult:
-        """A non-stream request, answered whole."""
+        """A non-stream request, answered whole. ``adapt`` wraps each attempt's provider
+        (an endpoint dialect that a deployment serves natively or translated)."""
 
         async def attempt(upstream: Provider, timeouts: Timeouts, deadline: float | None) -> UnaryResult:
+            if adapt is not None:
+                upstream = adapt(upstream)
             return await unary_attempt(ctx, self.pool, upstream, timeouts, endpoint, body, deadline)
 
         return await self._run(ctx, route, attempt, stream=False)
 
     async def open_stream(
-        self, ctx: RequestContext, route: Route, endpoint: str, body: dict[str, Any]
+        self,
+        ctx: RequestContext,
+        route: Route,
+        endpoint: str,
+        body: dict[str, Any],
+        adapt: Adapt | None = None,
     ) -> OpenStream:
         """A stream request, returned once its first event arrived (nothing sent to the client yet)."""
 
         async def attempt(upstream: Provider, timeouts: Timeouts, deadline: float | None) -> OpenStream:
+            if adapt is not None:
+                upstream = adapt(upstream)
             return await stream_attempt(ctx, self.pool, upstream, timeouts, endpoint, body, deadline)
 
         opened = await self._run(ctx, route, attempt, stream=True)

@@ -23,7 +23,7 @@ from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
 from gateway.dashboard import DashboardStats
 from gateway.dispatch.dispatcher import Dispatcher
-from gateway.http import messages_api, ops, proxy
+from gateway.http import messages_api, ops, proxy, responses_api
 from gateway.http.admin import admin_app
 from gateway.http.middleware import context_middleware
 from gateway.http.serve import stop_task
@@ -208,6 +208,10 @@ def create_app(
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", proxy.proxy("/completions", CompletionRequest, True))
     app.router.add_post("/v1/embeddings", proxy.proxy("/embeddings", EmbeddingRequest, False))
+    app.router.add_post("/v1/responses", responses_api.create_response)
+    app.router.add_get("/v1/responses/{response_id}", responses_api.get_response)
+    app.router.add_delete("/v1/responses/{response_id}", responses_api.delete_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", responses_api.list_input_items)
     app.router.add_get("/v1/models", proxy.list_models)
     app.router.add_get("/v1/models/{model}", proxy.get_model)
     app.router.add_post("/v1/fanout", proxy.fanout)

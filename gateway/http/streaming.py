@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -17,8 +18,18 @@ from gateway.http.responses import cancelled_by_drain, route_headers, shutdown_e
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def forward_stream(request: web.Request, ctx: RequestContext, opened: OpenStream) -> web.StreamResponse:
-    """Write an opened upstream stream to the client, chunk by chunk, until its end."""
+async def forward_stream(
+    request: web.Request,
+    ctx: RequestContext,
+    opened: OpenStream,
+    error_event: Callable[[SwitchyardError], bytes] = sse_error_event,
+    before_end: Callable[[], Awaitable[None]] | None = None,
+) -> web.StreamResponse:
+    """Write an opened upstream stream to the client, chunk by chunk, until its end.
+
+    ``error_event`` is the endpoint's own error event; ``before_end`` runs before the last
+    bytes go out (the Responses API stores its response there, so a client that sends the
+    next turn at once finds it)."""
     resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
     # Everything up to [DONE] is written as it arrives; the last bytes go out together
     # with the end of the response (one write instead of two).
@@ -38,7 +49,7 @@ async def forward_stream(request: web.Request, ctx: RequestContext, opened: Open
         # Headers are gone; end the stream with an error event, never a silent cut.
         ctx.error_code = exc.code
         exc.message = scrub(request.app, ctx.snapshot, exc.message)
-        tail += sse_error_event(exc)
+        tail += error_event(exc)
     except ConnectionError:
         ctx.status = 499
         ctx.error_code = "client_disconnected"
@@ -49,13 +60,15 @@ async def forward_stream(request: web.Request, ctx: RequestContext, opened: Open
         # error event the SDKs raise on, rather than cutting it silently.
         err = shutdown_error()
         ctx.error_code = err.code
-        tail += sse_error_event(err)
+        tail += error_event(err)
     finally:
         opened.close()
         ctx.usage = opened.scanner.usage
         if opened.scanner.error is not None and ctx.error_code is None:
             ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
     if ctx.status != 499:
+        if before_end is not None:
+            await before_end()
         with contextlib.suppress(ConnectionError):
             await resp.write_eof(tail)
     return resp

@@ -36,7 +36,14 @@ ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
 ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/fanout"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/v1/fanout",
+        "/v1/responses",
+    }
 )
 """``endpoint`` label values; any other path (an unknown one, ``/v1/models/{id}``) is ``other``,
 so clients cannot grow the label set."""

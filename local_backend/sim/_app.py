@@ -36,6 +36,7 @@ from local_backend.sim._request import (
     require_model,
     sleep_until,
 )
+from local_backend.sim._responses import responses
 from local_backend.sim._state import SIM_STATE, SimState
 from local_backend.sim._stats import render_metrics
 from local_backend.sim._tokens import token_count
@@ -263,6 +264,7 @@ def create_app(config: SimConfig) -> web.Application:
     add_post("/v1/embeddings", _api("/v1/embeddings", _embeddings))
     add_post("/v1/messages", _api("/v1/messages", messages))
     add_post("/v1/messages/count_tokens", _api("/v1/messages/count_tokens", count_tokens))
+    add_post("/v1/responses", _api("/v1/responses", responses))
     add_get("/v1/models", _list_models)
     add_get("/health", _health)
     add_get("/metrics", _metrics)

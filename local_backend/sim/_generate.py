@@ -388,6 +388,17 @@ class _Generation:
         return resp
 
 
+def chat_output(body: dict[str, Any]) -> Output:
+    """What a chat body asks the answer to be: JSON (to its schema), a forced tool call, or text."""
+    tool_name = forced_tool(body)
+    return Output(
+        json_object=wants_json(body),
+        schema=response_schema(body),
+        tool_name=tool_name,
+        tool_parameters=tool_parameters(body, tool_name) if tool_name is not None else None,
+    )
+
+
 async def generate(
     call: Call,
     *,
@@ -401,15 +412,7 @@ async def generate(
     stream, include_usage = stream_params(body)
     max_tokens = max_tokens_param(body)
     n = int_param(body, "n", 1, 128) or 1
-    output = Output()
-    if chat:
-        tool_name = forced_tool(body)
-        output = Output(
-            json_object=wants_json(body),
-            schema=response_schema(body),
-            tool_name=tool_name,
-            tool_parameters=tool_parameters(body, tool_name) if tool_name is not None else None,
-        )
+    output = chat_output(body) if chat else Output()
     top_logprobs = logprobs_param(body, chat)
     salt_value = body.get("cache_salt")
     salt = salt_value.encode() if isinstance(salt_value, str) else b""

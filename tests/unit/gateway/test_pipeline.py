@@ -46,7 +46,9 @@ class _Dispatcher:
     def available(self, name: str) -> bool:
         return True
 
-    async def unary(self, ctx: RequestContext, route: Route, endpoint: str, body: Any) -> UnaryResult:
+    async def unary(
+        self, ctx: RequestContext, route: Route, endpoint: str, body: Any, adapt: Any = None
+    ) -> UnaryResult:
         self.tiers.append(route.tier)
         ctx.deployment = route.deployments[0]
         return UnaryResult(self.answers.pop(0), "application/json")
