@@ -67,12 +67,13 @@ def has_gpu() -> bool:
     return any(os.path.exists(marker) for marker in _GPU_MARKERS)
 
 
-def cpu_kv_cache_env(launch: VllmLaunch, gpu: bool) -> dict[str, str]:
-    """``VLLM_CPU_KVCACHE_SPACE`` for the launch: the knob when set; without a GPU, a safe
-    default (vLLM's CPU backend otherwise takes ``gpu_memory_utilization`` of the RAM)."""
+def cpu_kv_cache_env(launch: VllmLaunch, gpu: bool | None) -> dict[str, str]:
+    """``VLLM_CPU_KVCACHE_SPACE`` for the launch: the knob when set; without a GPU (no driver
+    here and no ``gpus`` listed), a safe default: vLLM's CPU backend otherwise takes
+    ``gpu_memory_utilization`` of the RAM."""
     if launch.cpu_kv_cache_gib is not None:
         gib = launch.cpu_kv_cache_gib
-    elif not gpu and CPU_KV_CACHE_ENV not in launch.env:
+    elif gpu is False and launch.gpus is None and CPU_KV_CACHE_ENV not in launch.env:
         gib = DEFAULT_CPU_KV_CACHE_GIB
     else:
         return {}
@@ -88,14 +89,15 @@ def plan_replicas(
 ) -> list[ReplicaPlan]:
     """The replicas ``launch`` describes, each with its argv, GPUs, port and environment.
 
-    ``gpu``: whether this machine has a GPU (default: :func:`has_gpu`); without one the
-    CPU KV cache is sized explicitly (:func:`cpu_kv_cache_env`).
+    ``gpu``: whether vLLM will run on a GPU (``None``: not known; the supervisor learns it
+    from the installed vLLM before the first start, ``--dry-run`` from :func:`has_gpu`);
+    ``False`` sizes the CPU KV cache explicitly (:func:`cpu_kv_cache_env`).
 
     Raises :class:`LaunchError` when the model is not set or the GPUs available (from
     ``gpus`` or the parent's ``CUDA_VISIBLE_DEVICES``) are too few.
     """
     environ = os.environ if environ is None else environ
-    kv_env = cpu_kv_cache_env(launch, has_gpu() if gpu is None else gpu)
+    kv_env = cpu_kv_cache_env(launch, gpu)
     if not launch.model:
         raise LaunchError("launch.model is not set: name the model vLLM should load")
     world = launch.gpus_per_replica

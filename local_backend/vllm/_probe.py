@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -68,10 +69,19 @@ def _is_number(word: str) -> bool:
     return True
 
 
+def _available_offline(model: str) -> bool:
+    if os.path.isdir(model):
+        return True
+    try:
+        hub = importlib.import_module("huggingface_hub")
+        return isinstance(hub.try_to_load_from_cache(model, "config.json"), str)
+    except Exception:
+        return False
+
+
 def probe(argv: list[str]) -> dict[str, Any]:
     """The report for ``argv`` (``serve MODEL FLAGS...``)."""
-    import vllm
-
+    vllm = importlib.import_module("vllm")
     out: dict[str, Any] = {
         "version": getattr(vllm, "__version__", None),
         "platform": None,
@@ -81,8 +91,7 @@ def probe(argv: list[str]) -> dict[str, Any]:
         "block_size": None,
     }
     try:
-        from vllm.platforms import current_platform
-
+        current_platform = importlib.import_module("vllm.platforms").current_platform
         out["platform"] = str(current_platform.device_type)
     except Exception as exc:  # a broken platform is itself worth reporting
         out["platform"] = f"unknown ({exc})"
@@ -101,10 +110,13 @@ def probe(argv: list[str]) -> dict[str, Any]:
     except _ParseError as exc:
         out["parse_error"] = str(exc)
         return out
+    if not _available_offline(str(getattr(args, "model", "") or "")):
+        # The engine check reads the model's config; a model still to be downloaded is
+        # vLLM's business at start-up, not a reason to refuse the launch.
+        return out
     try:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        engine_args = importlib.import_module("vllm.engine.arg_utils").AsyncEngineArgs
+        config = engine_args.from_cli_args(args).create_engine_config()
         out["block_size"] = getattr(config.cache_config, "block_size", None)
     except Exception as exc:
         out["engine_error"] = f"{type(exc).__name__}: {exc}"

@@ -186,7 +186,9 @@ def test_api_key_goes_in_the_environment_never_on_the_command_line() -> None:
 
 
 def test_command_line_quotes_what_the_shell_needs() -> None:
-    line = plan_replicas(VllmLaunch(model="m", speculative={"method": "mtp"}), "d", {}, gpu=True)[0].command_line()
+    line = plan_replicas(VllmLaunch(model="m", speculative={"method": "mtp"}), "d", {}, gpu=True)[
+        0
+    ].command_line()
     assert line.startswith("CUDA_VISIBLE_DEVICES=0 vllm serve m ")
     assert """--speculative-config '{"method":"mtp"}'""" in line
 
