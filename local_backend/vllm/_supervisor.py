@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from gateway.cachestats.prefix import GEOMETRY
 from gateway.procutil import child_preexec
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.launch_plan import LaunchError, ReplicaPlan, plan_replicas
@@ -436,6 +437,8 @@ class Supervisor:
                     replica.last_error = str(exc)
                     replica.state = ReplicaState.FAILED
                 return
+        # The expected-hit accounting counts in the block size this vLLM will use.
+        GEOMETRY.use_vllm(name, self.preflights[name].block_size)
         if self.preflights[name].platform == "cpu":
             # vLLM's CPU backend: size its KV cache explicitly (see cpu_kv_cache_env).
             self.plans[name] = plan_replicas(self.launches[name], name, self._environ, gpu=False)
