@@ -118,9 +118,23 @@ def probe(argv: list[str]) -> dict[str, Any]:
         engine_args = importlib.import_module("vllm.engine.arg_utils").AsyncEngineArgs
         config = engine_args.from_cli_args(args).create_engine_config()
         out["block_size"] = getattr(config.cache_config, "block_size", None)
+        if out["platform"] == "cpu":
+            _check_cpu_attention(config)
     except Exception as exc:
         out["engine_error"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def _check_cpu_attention(config: Any) -> None:
+    """The CPU attention backend's own choice of kernels, which refuses what this CPU cannot
+    run (an fp8 KV cache without AVX-512 or AMX) only once the engine starts otherwise.
+    A private function of vLLM's CPU backend: where a version lacks it, nothing is checked."""
+    try:
+        choose = importlib.import_module("vllm.v1.attention.backends.cpu_attn")._get_attn_isa
+    except (ImportError, AttributeError):
+        return
+    model, cache = config.model_config, config.cache_config
+    choose(model.dtype, cache.block_size, model.get_head_size(), cache.cache_dtype)
 
 
 def main() -> int:
