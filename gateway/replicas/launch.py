@@ -46,7 +46,7 @@ SpeculativeMethod = Literal[
 _NEEDS_DRAFT_MODEL = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mlp_speculator"})
 # Methods that draft from the prompt or the output itself: a ``model`` would be ignored.
 _NO_DRAFT_MODEL = frozenset({"ngram", "suffix"})
-DEFAULT_CPU_KV_CACHE_GIB = 1.0
+DEFAULT_CPU_KV_CACHE_GIB = 1
 """KV cache size of a launch on a machine without a GPU when ``cpu_kv_cache_gib`` is unset."""
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
@@ -210,10 +210,10 @@ class VllmLaunch(StrictModel):
     calculate_kv_scales: bool | None = Field(
         None, description="Compute fp8 KV scales on the fly (vLLM < 0.32; later versions refuse it)."
     )
-    cpu_kv_cache_gib: float | None = Field(
+    cpu_kv_cache_gib: int | None = Field(
         None,
-        gt=0,
-        description="vLLM's CPU backend: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE). Without "
+        ge=1,
+        description="vLLM's CPU backend: whole GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE). Without "
         f"a GPU on this machine the default is {DEFAULT_CPU_KV_CACHE_GIB} GiB (vLLM's own default "
         "reserves most of the RAM); ignored by GPU backends.",
     )

@@ -77,8 +77,8 @@ def cpu_kv_cache_env(launch: VllmLaunch, gpu: bool | None) -> dict[str, str]:
         gib = DEFAULT_CPU_KV_CACHE_GIB
     else:
         return {}
-    # vLLM reads the variable as a float number of GiB.
-    return {CPU_KV_CACHE_ENV: f"{gib:g}"}
+    # vLLM (0.32) reads the variable with int(): whole GiB.
+    return {CPU_KV_CACHE_ENV: str(gib)}
 
 
 def plan_replicas(

@@ -352,8 +352,9 @@ def test_without_a_gpu_the_cpu_kv_cache_is_sized_explicitly() -> None:
     plan = plan_replicas(VllmLaunch(model="m"), "d", {}, gpu=False)[0]
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in plan_replicas(VllmLaunch(model="m"), "d", {}, gpu=True)[0].env
-    sized = plan_replicas(VllmLaunch(model="m", cpu_kv_cache_gib=2.5), "d", {}, gpu=True)[0]
-    assert sized.env["VLLM_CPU_KVCACHE_SPACE"] == "2.5"
+    sized = plan_replicas(VllmLaunch(model="m", cpu_kv_cache_gib=3), "d", {}, gpu=True)[0]
+    assert sized.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "cpu_kv_cache_gib" in error_of(cpu_kv_cache_gib=0.5)  # vLLM reads whole GiB
     own = plan_replicas(VllmLaunch(model="m", env={"VLLM_CPU_KVCACHE_SPACE": "4"}), "d", {}, gpu=False)[0]
     assert own.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert "cpu_kv_cache_gib and env.VLLM_CPU_KVCACHE_SPACE" in error_of(
