@@ -13,6 +13,7 @@ stand-in), the check is skipped with a log line: supervision still catches a bad
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -47,6 +48,18 @@ class Preflight:
     platform: str | None = None
     block_size: int | None = None
     skipped: str | None = None
+    flags: frozenset[str] = frozenset()
+
+    def versioned(self, plan: ReplicaPlan, drain_timeout_s: float) -> ReplicaPlan:
+        """``plan`` with the flags only some vLLM versions have, where this one has them:
+        ``--shutdown-timeout`` (>= 0.2x; its default 0 aborts the requests in flight on
+        SIGTERM) set to the launch's drain time, unless the launch sets it itself."""
+        if "--shutdown-timeout" in self.flags and not any(
+            word.split("=", 1)[0] == "--shutdown-timeout" for word in plan.argv
+        ):
+            extra = ("--shutdown-timeout", str(max(1, int(drain_timeout_s))))
+            return dataclasses.replace(plan, argv=(*plan.argv, *extra))
+        return plan
 
 
 def resolve_executable(executable: str, environ: Mapping[str, str]) -> str:
@@ -134,10 +147,12 @@ def _judge(plan: ReplicaPlan, report: dict[str, object]) -> Preflight:
     if report.get("engine_error"):
         raise LaunchError(f"{where} refuses the configuration: {report['engine_error']}")
     block = report.get("block_size")
+    flags = report.get("flags")
     result = Preflight(
         version=version,
         platform=str(report.get("platform") or "") or None,
         block_size=block if isinstance(block, int) else None,
+        flags=frozenset(str(f) for f in flags) if isinstance(flags, list) else frozenset(),
     )
     _log.info(
         "vllm_preflight_ok",

@@ -89,6 +89,7 @@ def probe(argv: list[str]) -> dict[str, Any]:
         "parse_error": None,
         "engine_error": None,
         "block_size": None,
+        "flags": [],
     }
     try:
         current_platform = importlib.import_module("vllm.platforms").current_platform
@@ -97,6 +98,7 @@ def probe(argv: list[str]) -> dict[str, Any]:
         out["platform"] = f"unknown ({exc})"
     words = argv[1:] if argv and argv[0] == "serve" else argv
     parser = _parser()
+    out["flags"] = sorted(flag for flag in parser._option_string_actions if flag.startswith("--"))
     out["unknown_flags"] = _unknown_flags(parser, words[1:])
     if out["unknown_flags"]:
         return out

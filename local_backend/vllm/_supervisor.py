@@ -442,6 +442,8 @@ class Supervisor:
         if self.preflights[name].platform == "cpu":
             # vLLM's CPU backend: size its KV cache explicitly (see cpu_kv_cache_env).
             self.plans[name] = plan_replicas(self.launches[name], name, self._environ, gpu=False)
+        drain_s = self.launches[name].drain_timeout_s
+        self.plans[name] = [self.preflights[name].versioned(p, drain_s) for p in self.plans[name]]
         for replica, plan in zip(self.replicas[name], self.plans[name], strict=True):
             replica.plan = plan
             replica.start()

@@ -76,3 +76,13 @@ def test_the_interpreter_of_an_entry_point_is_its_shebang(tmp_path: Path) -> Non
     sibling.write_text("")
     sibling.chmod(sibling.stat().st_mode | stat.S_IXUSR)
     assert python_of(str(script)) == str(sibling)
+
+
+def test_a_version_with_shutdown_timeout_drains_for_the_launchs_drain_time() -> None:
+    plan = plan_replicas(VllmLaunch(model="m", drain_timeout_s=20), "local", {}, gpu=True)[0]
+    newer = _judge(plan, report(flags=["--port", "--shutdown-timeout"]))
+    assert newer.versioned(plan, 20).argv[-2:] == ("--shutdown-timeout", "20")
+    older = _judge(plan, report(flags=["--port"]))
+    assert older.versioned(plan, 20) == plan
+    own = plan_replicas(VllmLaunch(model="m", extra_args=["--shutdown-timeout=5"]), "local", {}, gpu=True)[0]
+    assert newer.versioned(own, 20) == own
