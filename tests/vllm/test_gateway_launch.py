@@ -154,6 +154,9 @@ def test_cached_tokens_match_admin_stats_and_the_prefix_hit_header(gateway: Gate
     # The first prompt calibrates the tokens per byte; from then on the header follows vLLM.
     later = hits[1:]
     total_expected, total_cached = sum(e for e, _ in later), sum(c for _, c in later)
+    print(
+        f"prefix-hit header {total_expected} vs vLLM cached_tokens {total_cached}: {list(zip(expected, cached, strict=True))}"
+    )
     assert abs(total_expected - total_cached) <= 0.10 * total_cached, (expected, cached)
     deadline = time.monotonic() + 15
     while True:
