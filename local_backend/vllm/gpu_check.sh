@@ -175,13 +175,13 @@ path, version, model, by_gateway = sys.argv[1:5]
 rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
 who = "the gateway" if by_gateway == "1" else "the replay (client-side reordering)"
 print(f"\nvLLM {version}, model {model}; shaping 'on' done by {who}\n")
-print(f"{'run':<14}{'requests':>9}{'failed':>8}{'vLLM hit rate':>15}{'vLLM TTFT mean':>16}{'p50':>9}{'p95':>9}")
+print(f"{'run':<14}{'requests':>9}{'failed':>8}{'vLLM hit rate':>15}{'vLLM TTFT mean':>16}{'p50':>11}{'p95':>11}")
 for row in rows:
     rate = row.get("vllm_prefix_cache_hit_rate")
     mean, p50, p95 = (row.get(k) for k in ("vllm_ttft_mean_ms", "vllm_ttft_p50_ms", "vllm_ttft_p95_ms"))
     fmt = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
     print(
         f"{row['label']:<14}{row['requests']:>9}{row['failed']:>8}"
-        f"{'-' if rate is None else f'{100 * rate:.1f} %':>15}{fmt(mean):>16}{fmt(p50):>9}{fmt(p95):>9}"
+        f"{'-' if rate is None else f'{100 * rate:.1f} %':>15}{fmt(mean):>16}{fmt(p50):>11}{fmt(p95):>11}"
     )
 EOF
