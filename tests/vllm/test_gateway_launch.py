@@ -20,7 +20,8 @@ from gateway.replicas.vllm_metrics import figures_from_text
 from tests.helpers import GatewayProcess, free_ports, http_json
 from tests.vllm.conftest import RealVllm, start_gateway
 
-pytestmark = pytest.mark.vllm
+# vLLM starts in tens of seconds, minutes on a busy 2-core machine.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 WORDS = (
     "gateway replica prefix cache token route policy deployment shaping stream latency budget "
@@ -118,7 +119,15 @@ def test_chat_and_stream_through_the_gateway_with_the_openai_sdk(gateway: Gatewa
 
 
 def admin_totals(gw: GatewayProcess) -> dict[str, Any]:
-    return http_json("GET", gw.url + "/admin/stats?since=1h")["totals"]
+    """/admin/stats totals once the earlier requests' counters have all reached Redis."""
+    last: dict[str, Any] | None = None
+    deadline = time.monotonic() + 15
+    while True:
+        totals: dict[str, Any] = http_json("GET", gw.url + "/admin/stats?since=1h")["totals"]
+        if totals == last or time.monotonic() > deadline:
+            return totals
+        last = totals
+        time.sleep(0.5)
 
 
 def test_cached_tokens_match_admin_stats_and_the_prefix_hit_header(gateway: GatewayProcess) -> None:
@@ -198,14 +207,21 @@ def test_vllm_metrics_are_parsed_and_shown(gateway: GatewayProcess, port: int) -
     assert sum(m["prefix_cache_queries_tokens"] for m in shown) > 0
 
 
+def routed_home(gw: GatewayProcess) -> int:
+    status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["tiny"]
+    return sum((r.get("routed_by") or {}).get("home", 0) for r in status["replicas"])
+
+
 def test_a_shared_prefix_lands_on_the_replica_that_holds_it(gateway: GatewayProcess, port: int) -> None:
     wait_ready(gateway)
     before = [scrape(port), scrape(port + 1)]
-    prompts = {"a": system_prompt(7, 900), "b": system_prompt(8, 900), "c": system_prompt(9, 900)}
-    repeats = 4
+    home_before = routed_home(gateway)
+    # Eight prefixes over two replicas: all on one replica by chance is < 1 %.
+    prompts = [system_prompt(seed, 600) for seed in range(20, 28)]
+    repeats = 3
     with client(gateway) as c:
         for turn in range(repeats):
-            for system in prompts.values():
+            for system in prompts:
                 c.chat.completions.create(
                     model="tiny",
                     messages=[{"role": "system", "content": system}, {"role": "user", "content": f"q{turn}"}],
@@ -220,8 +236,9 @@ def test_a_shared_prefix_lands_on_the_replica_that_holds_it(gateway: GatewayProc
         (a.prefix_cache_queries_tokens or 0) - (b.prefix_cache_queries_tokens or 0)
         for a, b in zip(after, before, strict=True)
     ]
-    # vLLM's own counters: every repeat found its whole prefix on the replica it was sent to,
-    # which only happens when each prefix keeps going to the replica holding it.
-    per_prefix_blocks_tokens = 128 * 7  # 900 words of this text: > 7 blocks of 128 tokens
-    assert sum(hits) >= len(prompts) * (repeats - 1) * per_prefix_blocks_tokens, (hits, queries)
-    assert all(q > 0 for q in queries), queries  # three prefixes over two replicas: both used
+    print(f"affinity: vLLM prefix-cache hits per replica {hits} of queried tokens {queries}")
+    # vLLM's own counters: every repeat found its whole prefix (600 words of this text: more
+    # than 4 blocks of 128 tokens) on the replica it was sent to, and both replicas hold some.
+    assert sum(hits) >= len(prompts) * (repeats - 1) * 4 * 128, (hits, queries)
+    assert all(q > 0 for q in queries), queries
+    assert routed_home(gateway) - home_before == len(prompts) * repeats

@@ -13,7 +13,8 @@ from gateway.replicas.launch_plan import LaunchError
 from local_backend.vllm import Supervisor
 from tests.vllm.conftest import RealVllm, run_cli
 
-pytestmark = pytest.mark.vllm
+# vLLM starts in tens of seconds, minutes on a busy 2-core machine.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 def launch(real: RealVllm, **knobs: object) -> VllmLaunch:

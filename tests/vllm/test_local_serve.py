@@ -24,7 +24,8 @@ from gateway.procutil import free_port
 from tests.helpers import ROOT, GatewayProcess, http_json
 from tests.vllm.conftest import RealVllm, start_gateway
 
-pytestmark = pytest.mark.vllm
+# vLLM starts in tens of seconds, minutes on a busy 2-core machine.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 class LocalServe:
