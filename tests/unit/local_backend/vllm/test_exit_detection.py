@@ -27,6 +27,7 @@ def test_exit_is_seen_while_a_child_keeps_the_pipe_open() -> None:
             return code, time.monotonic() - killed_at
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
+            await proc.communicate()  # the pipe closes with the child: the transport ends cleanly
 
     code, after_s = asyncio.run(main())
     assert code == -signal.SIGKILL
