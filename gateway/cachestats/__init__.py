@@ -23,7 +23,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.cachestats.prefix import expect_shared
+from gateway.cachestats.prefix import GEOMETRY, expect_shared
 from gateway.policy import Policy
 from gateway.store.writer import StatsWriter
 
@@ -86,6 +86,8 @@ class Accounting:
         """Queue this request's counters (never waits on Redis)."""
         if done.deployment is None:
             return
+        # A vLLM deployment's tokens per prompt byte, for the next expectations.
+        GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
         template = done.shape.template if done.shape is not None else NO_KEY
         prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
         key = _bucket(int(time.time()) // BUCKET_S)

@@ -12,6 +12,16 @@ already seen for the deployment within the cache TTL:
 - in Redis (:func:`expect_shared`), off the request path and batched (one round trip
   for all the requests of a flush interval), for the statistics: the view of every
   replica together.
+
+A vLLM deployment counts in its own units (:class:`Geometries`): its KV cache block
+size (16 on GPUs, 128 on vLLM's CPU backend; from the policy, the launch's preflight or
+its ``/metrics``) and its tokenizer's bytes per token, calibrated from the
+``prompt_tokens`` it reports against the rendered prompt's length. For those deployments
+the chain is cut finer (:data:`FINE_BYTES`), the matched bytes are converted to tokens
+and rounded down to whole blocks, as vLLM counts ``cached_tokens``.
+
+A request's ``cache_salt`` (vLLM's per-tenant cache isolation) seeds its chain, so a
+salted request only matches requests with the same salt.
 """
 
 from __future__ import annotations
@@ -28,29 +38,129 @@ from gateway.prompt_render import render_chat
 
 CHECKPOINT_BYTES = 512
 CHECKPOINT_TOKENS = 128
+FINE_BYTES = 64
+"""Step of the chain of a vLLM deployment: finer than its blocks (16 tokens = ~64 bytes)."""
+VLLM_BLOCK_TOKENS = 16
+"""vLLM's block size on GPUs, the assumption until the deployment says otherwise."""
 KEY_PREFIX = "sy:pfx:"
+_FINE_KEY_PREFIX = "sy:pfx64:"
 
 
-def checkpoints(body: Mapping[str, Any]) -> list[int]:
-    """The chain of checkpoint hashes of a chat body's rendered prompt (full checkpoints only)."""
-    text = render_chat(body)
+def _chain(text: bytes, step: int, seed: int) -> list[int]:
     out = []
-    crc = 0
-    for start in range(0, len(text) - CHECKPOINT_BYTES + 1, CHECKPOINT_BYTES):
-        crc = zlib.crc32(text[start : start + CHECKPOINT_BYTES], crc)
+    crc = seed
+    for start in range(0, len(text) - step + 1, step):
+        crc = zlib.crc32(text[start : start + step], crc)
         out.append(crc)
     return out
+
+
+class PrefixChain(list[int]):
+    """The checkpoint chain of a prompt (a ``list`` of :data:`CHECKPOINT_BYTES` steps), with
+    the prompt's length and, computed on first use, the :data:`FINE_BYTES` chain that vLLM
+    deployments are looked up with."""
+
+    __slots__ = ("_fine", "_seed", "_text", "prompt_bytes")
+
+    def __init__(self, text: bytes, seed: int) -> None:
+        super().__init__(_chain(text, CHECKPOINT_BYTES, seed))
+        self._text: bytes | None = text
+        self._seed = seed
+        self._fine: list[int] | None = None
+        self.prompt_bytes = len(text)
+
+    @property
+    def fine(self) -> list[int]:
+        """The chain in :data:`FINE_BYTES` steps."""
+        if self._fine is None:
+            self._fine = _chain(self._text or b"", FINE_BYTES, self._seed)
+            self._text = None  # not needed any more: keep queued chains small
+        return self._fine
+
+
+def checkpoints(body: Mapping[str, Any]) -> PrefixChain:
+    """The chain of checkpoint hashes of a chat body's rendered prompt (full checkpoints only),
+    seeded by its ``cache_salt``."""
+    salt = body.get("cache_salt")
+    seed = zlib.crc32(salt.encode("utf-8", "surrogatepass")) if isinstance(salt, str) and salt else 0
+    return PrefixChain(render_chat(body), seed)
+
+
+class Geometries:
+    """How each vLLM deployment counts cached tokens: block size and bytes per token.
+
+    Deployments not named here are counted like OpenAI (128-token steps of 512 bytes).
+    The bytes-per-token ratio starts at 4 and follows the ``prompt_tokens`` the deployment
+    reports (an exponential average over requests), off the request path.
+    """
+
+    RATIO_WEIGHT = 0.2
+
+    def __init__(self) -> None:
+        self._block_tokens: dict[str, int] = {}
+        self._bytes_per_token: dict[str, float] = {}
+
+    def use_vllm(self, deployment: str, block_tokens: int | None = None) -> None:
+        """Count ``deployment`` as vLLM does; ``block_tokens`` when known (policy, discovered)."""
+        if block_tokens is not None and block_tokens > 0:
+            self._block_tokens[deployment] = block_tokens
+        else:
+            self._block_tokens.setdefault(deployment, VLLM_BLOCK_TOKENS)
+
+    def is_vllm(self, deployment: str) -> bool:
+        """Whether ``deployment`` is counted in vLLM's blocks."""
+        return deployment in self._block_tokens
+
+    def block_tokens(self, deployment: str) -> int:
+        """The deployment's cache block (or checkpoint) size in tokens."""
+        return self._block_tokens.get(deployment, CHECKPOINT_TOKENS)
+
+    def bytes_per_token(self, deployment: str) -> float:
+        """Prompt bytes per token of the deployment's tokenizer (calibrated; 4 until then)."""
+        return self._bytes_per_token.get(deployment, CHECKPOINT_BYTES / CHECKPOINT_TOKENS)
+
+    def observe(self, deployment: str, chain: list[int] | None, prompt_tokens: int | None) -> None:
+        """Calibrate bytes per token from a finished request's rendered prompt and usage."""
+        if not isinstance(chain, PrefixChain) or not prompt_tokens or deployment not in self._block_tokens:
+            return
+        if chain.prompt_bytes < 256:  # too short: the chat template's own tokens dominate
+            return
+        sample = chain.prompt_bytes / prompt_tokens
+        before = self._bytes_per_token.get(deployment)
+        self._bytes_per_token[deployment] = (
+            sample if before is None else before + self.RATIO_WEIGHT * (sample - before)
+        )
+
+    def lookup_chain(self, deployment: str, chain: list[int]) -> tuple[list[int], int]:
+        """The chain to look ``deployment`` up with, and its step in bytes."""
+        if isinstance(chain, PrefixChain) and deployment in self._block_tokens:
+            return chain.fine, FINE_BYTES
+        return chain, CHECKPOINT_BYTES
+
+    def tokens(self, deployment: str, matched_steps: int, step_bytes: int) -> int:
+        """Expected cached tokens for ``matched_steps`` leading steps of ``step_bytes``."""
+        if step_bytes == CHECKPOINT_BYTES:
+            return matched_steps * CHECKPOINT_TOKENS
+        block = self.block_tokens(deployment)
+        tokens = matched_steps * step_bytes / self.bytes_per_token(deployment)
+        return int(tokens // block) * block
+
+
+GEOMETRY = Geometries()
+"""This process's view of its vLLM deployments (learned from policies, launches, replies)."""
 
 
 class LocalPrefixes:
     """Checkpoints seen per deployment in this process, expiring after ``ttl_s`` (bounded LRU)."""
 
-    def __init__(self, capacity: int = 200_000) -> None:
+    def __init__(self, capacity: int = 200_000, geometry: Geometries | None = None) -> None:
         self._seen: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._capacity = capacity
+        self.geometry = GEOMETRY if geometry is None else geometry
 
     def expect_and_add(self, deployment: str, chain: list[int], ttl_s: float) -> int:
         """Expected cached tokens for this chain; then remember it."""
+        chain, step = self.geometry.lookup_chain(deployment, chain)
         now = time.monotonic()
         seen = self._seen
         hits = 0
@@ -65,25 +175,30 @@ class LocalPrefixes:
             seen.move_to_end(key)
         while len(seen) > self._capacity:
             seen.popitem(last=False)
-        return hits * CHECKPOINT_TOKENS
+        return self.geometry.tokens(deployment, hits, step)
 
 
-async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]]) -> list[int]:
+async def expect_shared(
+    redis: Redis, batch: list[tuple[str, list[int], float]], geometry: Geometries | None = None
+) -> list[int]:
     """Expected cached tokens for each ``(deployment, chain, ttl_s)``, from the checkpoints any
     replica recorded, in one round trip; records the chains. Within the batch, a chain also
     sees the ones before it (as if they had been looked up one after the other); identical
     chains (a busy template) are looked up once."""
+    geometry = GEOMETRY if geometry is None else geometry
+    chains = [(d, *geometry.lookup_chain(d, chain), ttl_s) for d, chain, ttl_s in batch]
     pipe = redis.pipeline(transaction=False)
     looked_up: dict[tuple[str, tuple[int, ...]], int] = {}
     keyed: list[list[str]] = []
     ttls: dict[str, int] = {}
-    for deployment, chain, ttl_s in batch:
+    for deployment, chain, step, ttl_s in chains:
         name = (deployment, tuple(chain))
         if name in looked_up:
             continue
         looked_up[name] = len(keyed)
         # One hash tag per deployment: on Redis Cluster all of its keys share a slot (MGET works).
-        keys = [f"{KEY_PREFIX}{{{deployment}}}:{crc:08x}" for crc in chain]
+        space = KEY_PREFIX if step == CHECKPOINT_BYTES else _FINE_KEY_PREFIX
+        keys = [f"{space}{{{deployment}}}:{crc:08x}" for crc in chain]
         keyed.append(keys)
         pipe.mget(keys)
         ms = max(1, int(ttl_s * 1000))
@@ -94,7 +209,7 @@ async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]])
     replies = await pipe.execute()
     earlier: set[str] = set()
     out = []
-    for deployment, chain, _ in batch:
+    for deployment, chain, step, _ in chains:
         index = looked_up[deployment, tuple(chain)]
         keys = keyed[index]
         hits = 0
@@ -103,5 +218,5 @@ async def expect_shared(redis: Redis, batch: list[tuple[str, list[int], float]])
                 break
             hits += 1
         earlier.update(keys)
-        out.append(hits * CHECKPOINT_TOKENS)
+        out.append(geometry.tokens(deployment, hits, step))
     return out

@@ -1,9 +1,10 @@
 """The knobs of a ``vllm serve`` launch, their validation, and their mapping to vLLM's flags.
 
-Every knob maps to one flag of ``vllm serve`` (checked against vLLM's own argument
-parser in ``vllm/engine/arg_utils.py`` and ``vllm/entrypoints/openai/cli_args.py``, see
-README "Local GPU backend"). Settings that vLLM would reject, or that contradict each
-other, are reported by :class:`VllmLaunch` validation before anything starts. This is the
+Every knob maps to one flag of ``vllm serve`` (or, for ``cpu_kv_cache_gib``, one variable of
+its environment). Settings that contradict each other are reported by :class:`VllmLaunch`
+validation; flags the installed vLLM does not know (``--calculate-kv-scales`` is gone in
+0.32) are refused before launch by the local backend's preflight, which runs the argv
+through that vLLM's own parser, wherever the version keeps it (see docs/local-backend.md). This is the
 spec the policy validates (a deployment's ``launch:`` block); turning it into command
 lines is :mod:`gateway.replicas.launch_plan`; running them is the local backend's supervisor.
 """
@@ -45,6 +46,9 @@ SpeculativeMethod = Literal[
 _NEEDS_DRAFT_MODEL = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mlp_speculator"})
 # Methods that draft from the prompt or the output itself: a ``model`` would be ignored.
 _NO_DRAFT_MODEL = frozenset({"ngram", "suffix"})
+DEFAULT_CPU_KV_CACHE_GIB = 1
+"""KV cache size of a launch on a machine without a GPU when ``cpu_kv_cache_gib`` is unset."""
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 class SpeculativeDecoding(StrictModel):
@@ -163,7 +167,14 @@ FLAG_OF_KNOB: dict[str, str] = {
     "port": "--port",
     "served_model_name": "--served-model-name",
 }
-"""Each knob's ``vllm serve`` flag (documented in README)."""
+"""Each knob's ``vllm serve`` flag (documented in docs/local-backend.md)."""
+
+
+def knob_of_flag(flag: str) -> str | None:
+    """The knob that emits ``flag`` (``--no-x`` counts as ``--x``), or ``None`` (extra_args)."""
+    base = "--" + flag[5:] if flag.startswith("--no-") else flag
+    base = _ALIASES.get(base, base)
+    return next((knob for knob, f in FLAG_OF_KNOB.items() if f == base), None)
 
 
 class VllmLaunch(StrictModel):
@@ -196,7 +207,16 @@ class VllmLaunch(StrictModel):
     kv_cache_dtype: KvCacheDtype | None = Field(
         None, description="KV cache storage type (vLLM default auto)."
     )
-    calculate_kv_scales: bool | None = Field(None, description="Compute fp8 KV scales on the fly.")
+    calculate_kv_scales: bool | None = Field(
+        None, description="Compute fp8 KV scales on the fly (vLLM < 0.32; later versions refuse it)."
+    )
+    cpu_kv_cache_gib: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's CPU backend: whole GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE). Without "
+        f"a GPU on this machine the default is {DEFAULT_CPU_KV_CACHE_GIB} GiB (vLLM's own default "
+        "reserves most of the RAM); ignored by GPU backends.",
+    )
     dtype: ModelDtype | None = None
     block_size: int | None = Field(None, ge=1, description="KV cache block size in tokens.")
     seed: int | None = None
@@ -299,6 +319,10 @@ class VllmLaunch(StrictModel):
             )
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise ValueError("restart_backoff_max_s is smaller than restart_backoff_s")
+        if self.cpu_kv_cache_gib is not None and CPU_KV_CACHE_ENV in self.env:
+            raise ValueError(
+                f"cpu_kv_cache_gib and env.{CPU_KV_CACHE_ENV} both size the CPU KV cache: keep one"
+            )
         self._check_extra_args_against_knobs()
         return self
 

@@ -12,7 +12,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.replicas.launch import VllmLaunch
+from gateway.replicas.launch import CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_GIB, VllmLaunch
+
+# Present on any machine with an NVIDIA driver loaded (also inside containers given a GPU).
+_GPU_MARKERS = ("/dev/nvidiactl", "/proc/driver/nvidia")
 
 
 class LaunchError(ValueError):
@@ -59,15 +62,42 @@ def _default_gpus(needed: int, environ: Mapping[str, str]) -> list[str]:
     return [str(i) for i in range(needed)]
 
 
+def has_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU driver (else vLLM runs its CPU backend)."""
+    return any(os.path.exists(marker) for marker in _GPU_MARKERS)
+
+
+def cpu_kv_cache_env(launch: VllmLaunch, gpu: bool | None) -> dict[str, str]:
+    """``VLLM_CPU_KVCACHE_SPACE`` for the launch: the knob when set; without a GPU (no driver
+    here and no ``gpus`` listed), a safe default: vLLM's CPU backend otherwise takes
+    ``gpu_memory_utilization`` of the RAM."""
+    if launch.cpu_kv_cache_gib is not None:
+        gib = launch.cpu_kv_cache_gib
+    elif gpu is False and launch.gpus is None and CPU_KV_CACHE_ENV not in launch.env:
+        gib = DEFAULT_CPU_KV_CACHE_GIB
+    else:
+        return {}
+    # vLLM (0.32) reads the variable with int(): whole GiB.
+    return {CPU_KV_CACHE_ENV: str(gib)}
+
+
 def plan_replicas(
-    launch: VllmLaunch, name: str = "vllm", environ: Mapping[str, str] | None = None
+    launch: VllmLaunch,
+    name: str = "vllm",
+    environ: Mapping[str, str] | None = None,
+    gpu: bool | None = None,
 ) -> list[ReplicaPlan]:
     """The replicas ``launch`` describes, each with its argv, GPUs, port and environment.
+
+    ``gpu``: whether vLLM will run on a GPU (``None``: not known; the supervisor learns it
+    from the installed vLLM before the first start, ``--dry-run`` from :func:`has_gpu`);
+    ``False`` sizes the CPU KV cache explicitly (:func:`cpu_kv_cache_env`).
 
     Raises :class:`LaunchError` when the model is not set or the GPUs available (from
     ``gpus`` or the parent's ``CUDA_VISIBLE_DEVICES``) are too few.
     """
     environ = os.environ if environ is None else environ
+    kv_env = cpu_kv_cache_env(launch, gpu)
     if not launch.model:
         raise LaunchError("launch.model is not set: name the model vLLM should load")
     world = launch.gpus_per_replica
@@ -106,7 +136,7 @@ def plan_replicas(
             *knob_words,
             *launch.extra_args,
         )
-        env = {**launch.env, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
+        env = {**launch.env, "CUDA_VISIBLE_DEVICES": ",".join(mine), **kv_env}
         if key is not None:
             env["VLLM_API_KEY"] = key
         plans.append(

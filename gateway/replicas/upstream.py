@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from gateway.cachestats.prefix import GEOMETRY
 from gateway.errors import UpstreamUnavailableError
 from gateway.policy import Deployment
 from gateway.providers.base import Provider
@@ -41,6 +42,7 @@ _WANTED = (
     "vllm:time_to_first_token_seconds",
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
+    "vllm:cache_config_info",
 )
 
 
@@ -259,6 +261,9 @@ class ReplicaSetUpstream(VllmProvider):
         figures = figures_from_text(_only_wanted(text), model_name=self.upstream_model)
         now = time.monotonic()
         replica.figures, replica.scraped_at = figures, now
+        if figures.block_size is not None:
+            # The expected-hit accounting counts in this deployment's own blocks.
+            GEOMETRY.use_vllm(self.name, figures.block_size)
         replica.history.append((now, figures))
         while len(replica.history) > 2 and now - replica.history[1][0] >= WINDOW_S:
             replica.history.popleft()

@@ -9,7 +9,9 @@ names side by side with the same values):
 - V0's hit-rate gauge ``vllm:gpu_prefix_cache_hit_rate`` (no counts) when nothing else is there;
 - KV cache usage: ``vllm:kv_cache_usage_perc`` (>= 0.9), before that ``vllm:gpu_cache_usage_perc``;
 - ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` and the TTFT histogram
-  ``vllm:time_to_first_token_seconds`` (same names throughout).
+  ``vllm:time_to_first_token_seconds`` (same names throughout);
+- the KV cache block size, the ``block_size`` label of ``vllm:cache_config_info`` (16 on
+  GPUs, 128 on the CPU backend): the unit of vLLM's ``cached_tokens``.
 
 Queries and hits count *tokens*. A line that does not parse is skipped, not fatal: one
 odd line from a new vLLM must not blind routing to a replica's load.
@@ -40,6 +42,7 @@ _WAITING = ("vllm:num_requests_waiting",)
 _PROMPT_TOKENS = ("vllm:prompt_tokens_total", "vllm:prompt_tokens")
 _GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
 _TTFT = "vllm:time_to_first_token_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class VllmFigures:
     ttft_sum_s: float | None = None
     ttft_count: float | None = None
     ttft_buckets: list[tuple[float, float]] = field(default_factory=list)
+    block_size: int | None = None
     names: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -152,6 +156,7 @@ class VllmFigures:
             "generation_tokens": self.generation_tokens,
             "ttft_count": self.ttft_count,
             "ttft_mean_s": mean_ttft,
+            "block_size": self.block_size,
             "metric_names": dict(self.names),
         }
 
@@ -198,6 +203,11 @@ def figures_from_samples(samples: Iterable[Sample], model_name: str | None = Non
             continue
         buckets[bound] = buckets.get(bound, 0.0) + sample.value
     figures.ttft_buckets = sorted(buckets.items())
+    for sample in by_name.get(CACHE_CONFIG_INFO, []):
+        raw = sample.labels.get("block_size", "")
+        if raw.isdigit() and int(raw) > 0:
+            figures.block_size = int(raw)
+            break
     return figures
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.cachestats.prefix import LocalPrefixes, checkpoints
+from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes, checkpoints
 from gateway.context import RequestContext
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
@@ -47,4 +47,7 @@ class ShapingState:
         """This replica's expectation of cached tokens for the deployment that answers."""
         if ctx.prefix_chain is not None and ctx.deployment is not None:
             ttl_s = ctx.snapshot.policy.shaping.cache_ttl_s
+            spec = ctx.snapshot.policy.deployments.get(ctx.deployment)
+            if spec is not None and spec.provider == "vllm":  # counted in vLLM's blocks and tokens
+                GEOMETRY.use_vllm(ctx.deployment, spec.launch.block_size if spec.launch else None)
             ctx.prefix_hit_tokens = self.prefixes.expect_and_add(ctx.deployment, ctx.prefix_chain, ttl_s)

@@ -7,6 +7,11 @@ when it exits, does not come up in time, or fails ``health_failures_to_restart``
 in a row. On stop it sends SIGTERM (vLLM finishes the requests in flight), waits
 ``drain_timeout_s``, then SIGKILLs the whole group so no engine process keeps GPU memory.
 Every line the replica prints becomes a ``vllm_output`` structured log line.
+
+The exit of the API server is seen at once through a pidfd (:func:`_exited`), not through
+``proc.wait()``: vLLM's engine processes inherit the output pipe and keep it open after
+the API server dies, and asyncio's ``wait()`` may wait for the pipe too.
+Before the first start, each launch passes :func:`~local_backend.vllm._preflight.preflight`.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from typing import Any
 import aiohttp
 import structlog
 
+from gateway.cachestats.prefix import GEOMETRY
 from gateway.procutil import child_preexec
 from gateway.replicas.launch import VllmLaunch
-from gateway.replicas.launch_plan import ReplicaPlan, plan_replicas
+from gateway.replicas.launch_plan import LaunchError, ReplicaPlan, plan_replicas
 from local_backend._loop_thread import LoopThread
+from local_backend.vllm._preflight import Preflight, preflight
 
 _log = structlog.get_logger("switchyard.vllm")
 
@@ -108,6 +115,8 @@ class Replica:
         self._stop.set()
         if self._task is not None:
             await asyncio.shield(self._task)
+        elif self.state is ReplicaState.STARTING:  # stopped before its preflight ended
+            self._set(ReplicaState.STOPPED)
 
     # -- the supervision loop ---------------------------------------------------------
 
@@ -244,7 +253,7 @@ class Replica:
     async def _watch(self, proc: asyncio.subprocess.Process, session: aiohttp.ClientSession) -> str:
         """Run until the process should be stopped; returns why."""
         loop = asyncio.get_running_loop()
-        exited = loop.create_task(proc.wait())
+        exited = loop.create_task(_exited(proc))
         try:
             started = loop.time()
             deadline = started + self.launch.startup_timeout_s
@@ -304,13 +313,13 @@ class Replica:
             self._set(ReplicaState.STOPPING)
             _signal(proc.pid, signal.SIGTERM, group=False)
             try:
-                await asyncio.wait_for(proc.wait(), self.launch.drain_timeout_s if graceful else 5.0)
+                await asyncio.wait_for(_exited(proc), self.launch.drain_timeout_s if graceful else 5.0)
             except TimeoutError:
                 _log.warning(
                     "vllm_killed", replica=self.key, pid=proc.pid, after_s=self.launch.drain_timeout_s
                 )
                 _signal(proc.pid, signal.SIGKILL, group=True)
-                await proc.wait()
+                await _exited(proc)
         # The API server is gone; anything left in its group (engine cores) goes too.
         if _group_alive(proc.pid):
             _signal(proc.pid, signal.SIGTERM, group=True)
@@ -320,6 +329,41 @@ class Replica:
                     break
             else:
                 _signal(proc.pid, signal.SIGKILL, group=True)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> int:
+    """The exit status of ``proc`` as soon as it exits, whoever holds its output pipe.
+
+    A pidfd becomes readable when the process ends (it does not reap it: asyncio's child
+    watcher still does, and sets ``returncode``). Without pidfds: ``proc.wait()``.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return await proc.wait()
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    try:
+        loop.add_reader(fd, _settle, gone)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    # The watcher reaps it a moment later; its status is the one to report.
+    for _ in range(100):
+        if proc.returncode is not None:
+            return proc.returncode
+        await asyncio.sleep(0.01)
+    return -1
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:
@@ -349,14 +393,65 @@ class Supervisor:
             name: plan_replicas(launch, name, self._environ) for name, launch in self.launches.items()
         }
         self.replicas: dict[str, list[Replica]] = {}
+        self.preflights: dict[str, Preflight] = {}
+        self._launching: list[asyncio.Task[None]] = []
+
+    async def check(self) -> dict[str, Preflight]:
+        """Check every launch against the installed vLLM (:func:`preflight`), all at once.
+
+        Raises :class:`~gateway.replicas.launch_plan.LaunchError` (the first refusal) when one
+        cannot start; the launches that passed are remembered and not checked again.
+        """
+        todo = [name for name in self.plans if name not in self.preflights]
+        results = await asyncio.gather(
+            *(preflight(self.plans[name][0], self._environ) for name in todo), return_exceptions=True
+        )
+        failure: BaseException | None = None
+        for name, result in zip(todo, results, strict=True):
+            if isinstance(result, BaseException):
+                failure = failure or result
+            else:
+                self.preflights[name] = result
+        if failure is not None:
+            raise failure
+        return self.preflights
 
     async def start(self) -> None:
-        """Start every replica (returns at once; :meth:`wait_ready` waits)."""
+        """Start every replica (returns at once; :meth:`wait_ready` waits). A launch that its
+        preflight refuses never starts: its replicas are ``failed`` with the reason."""
+        loop = asyncio.get_running_loop()
         for name, plans in self.plans.items():
             launch = self.launches[name]
             self.replicas[name] = [Replica(plan, launch, self._environ) for plan in plans]
             for replica in self.replicas[name]:
-                replica.start()
+                replica.state = ReplicaState.STARTING
+            self._launching.append(loop.create_task(self._launch(name), name=f"vllm-launch-{name}"))
+
+    async def _launch(self, name: str) -> None:
+        if name not in self.preflights:
+            try:
+                self.preflights[name] = await preflight(self.plans[name][0], self._environ)
+            except (LaunchError, OSError) as exc:
+                _log.error("vllm_preflight_failed", deployment=name, error=str(exc))
+                for replica in self.replicas[name]:
+                    replica.last_error = str(exc)
+                    replica.state = ReplicaState.FAILED
+                return
+        # The expected-hit accounting counts in the block size this vLLM will use.
+        GEOMETRY.use_vllm(name, self.preflights[name].block_size)
+        if self.preflights[name].platform == "cpu":
+            # vLLM's CPU backend: size its KV cache explicitly (see cpu_kv_cache_env).
+            self.plans[name] = plan_replicas(self.launches[name], name, self._environ, gpu=False)
+        drain_s = self.launches[name].drain_timeout_s
+        self.plans[name] = [self.preflights[name].versioned(p, drain_s) for p in self.plans[name]]
+        for replica, plan in zip(self.replicas[name], self.plans[name], strict=True):
+            replica.plan = plan
+            replica.start()
+
+    def failed(self) -> bool:
+        """True when every replica has failed for good (nothing left to wait for)."""
+        every = [r for rs in self.replicas.values() for r in rs]
+        return bool(every) and all(r.state is ReplicaState.FAILED for r in every)
 
     def is_ready(self, name: str) -> bool:
         """True when at least one replica of ``name`` answers ``/health``."""
@@ -377,6 +472,9 @@ class Supervisor:
 
     async def stop(self) -> None:
         """Drain and stop every replica, all at once."""
+        for task in self._launching:
+            task.cancel()
+        await asyncio.gather(*self._launching, return_exceptions=True)
         await asyncio.gather(*(r.stop() for rs in self.replicas.values() for r in rs))
 
 

@@ -8,7 +8,15 @@
 #
 #   local_backend/vllm/gpu_check.sh [MODEL]
 #
-# Environment (defaults): MODEL (Qwen/Qwen2.5-0.5B-Instruct), VLLM_PORT (8011),
+# Without a GPU: DEVICE=cpu runs the same check on vLLM's CPU build, set up with the tiny
+# model by tests/vllm/setup_vllm.sh (docs/local-backend.md "Try the local backend without a GPU"):
+#
+#   eval "$(tests/vllm/setup_vllm.sh)"
+#   DEVICE=cpu VLLM_EXECUTABLE=$SWITCHYARD_VLLM_VENV/bin/vllm local_backend/vllm/gpu_check.sh "$SWITCHYARD_VLLM_MODEL"
+#
+# Environment (defaults): DEVICE (gpu; cpu: no nvidia-smi, --enforce-eager, CPU_KV_CACHE_GIB
+# (1) GiB of KV cache), VLLM_EXECUTABLE (vllm; its interpreter must import vllm, or that of
+# PYTHON), MODEL (Qwen/Qwen2.5-0.5B-Instruct), VLLM_PORT (8011),
 # GATEWAY_PORT (8090), REQUESTS (200), CONCURRENCY (8), STARTUP_TIMEOUT_S (900),
 # GPU_MEMORY_UTILIZATION (0.80), MAX_MODEL_LEN (8192), PYTHON (python3, or .venv/bin/python
 # when present), WORKLOAD (bench/prefix_replay.py).
@@ -26,7 +34,10 @@ REQUESTS=${REQUESTS:-200}
 CONCURRENCY=${CONCURRENCY:-8}
 STARTUP_TIMEOUT_S=${STARTUP_TIMEOUT_S:-900}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.80}
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}
+DEVICE=${DEVICE:-gpu}
+VLLM_EXECUTABLE=${VLLM_EXECUTABLE:-vllm}
+CPU_KV_CACHE_GIB=${CPU_KV_CACHE_GIB:-1}
+if [[ "$DEVICE" == cpu ]]; then MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}; else MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}; fi
 WORKLOAD=${WORKLOAD:-$ROOT/bench/prefix_replay.py}
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
@@ -70,21 +81,34 @@ wait_http() {
     done
 }
 
-command -v nvidia-smi >/dev/null || { log "nvidia-smi not found: this check needs an NVIDIA GPU"; exit 2; }
+if [[ "$DEVICE" != cpu ]]; then
+    command -v nvidia-smi >/dev/null || { log "nvidia-smi not found: this check needs an NVIDIA GPU (or DEVICE=cpu)"; exit 2; }
+fi
 command -v curl >/dev/null || { log "curl not found"; exit 2; }
-if ! "$PYTHON" -c 'import vllm' 2>/dev/null; then
-    log "vllm is not importable by $PYTHON: pip install -e '.[local]'"
+# vLLM may live in a venv of its own (the CPU build does): ask the executable's interpreter.
+VLLM_PYTHON=$PYTHON
+vllm_path=$(command -v "$VLLM_EXECUTABLE" || true)
+if [[ -n "$vllm_path" && -x "$(dirname "$vllm_path")/python" ]]; then VLLM_PYTHON="$(dirname "$vllm_path")/python"; fi
+if ! "$VLLM_PYTHON" -c 'import vllm' 2>/dev/null; then
+    log "vllm is not importable by $VLLM_PYTHON: pip install -e '.[local]' (or DEVICE=cpu with tests/vllm/setup_vllm.sh)"
     exit 2
 fi
 SWITCHYARD=("$PYTHON" -m gateway)
-vllm_version=$("$PYTHON" -c 'import vllm; print(vllm.__version__)')
-log "vLLM $vllm_version; GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1)"
+vllm_version=$("$VLLM_PYTHON" -c 'import vllm; print(vllm.__version__)' 2>/dev/null | tail -n 1)
+if [[ "$DEVICE" == cpu ]]; then
+    log "vLLM $vllm_version; CPU: $(nproc) cores"
+    device_knobs=$'enforce_eager: true\ncpu_kv_cache_gib: '"$CPU_KV_CACHE_GIB"
+else
+    log "vLLM $vllm_version; GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1)"
+    device_knobs="gpu_memory_utilization: $GPU_MEMORY_UTILIZATION"
+fi
 
 cat >"$workdir/launch.yaml" <<EOF
+executable: $VLLM_EXECUTABLE
 model: $MODEL
 served_model_name: $SERVED
 port: $VLLM_PORT
-gpu_memory_utilization: $GPU_MEMORY_UTILIZATION
+$(printf '%b' "$device_knobs")
 max_model_len: $MAX_MODEL_LEN
 enable_prefix_caching: true
 enable_prompt_tokens_details: true
@@ -151,13 +175,13 @@ path, version, model, by_gateway = sys.argv[1:5]
 rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
 who = "the gateway" if by_gateway == "1" else "the replay (client-side reordering)"
 print(f"\nvLLM {version}, model {model}; shaping 'on' done by {who}\n")
-print(f"{'run':<14}{'requests':>9}{'failed':>8}{'vLLM hit rate':>15}{'vLLM TTFT mean':>16}{'p50':>9}{'p95':>9}")
+print(f"{'run':<14}{'requests':>9}{'failed':>8}{'vLLM hit rate':>15}{'vLLM TTFT mean':>16}{'p50':>11}{'p95':>11}")
 for row in rows:
     rate = row.get("vllm_prefix_cache_hit_rate")
     mean, p50, p95 = (row.get(k) for k in ("vllm_ttft_mean_ms", "vllm_ttft_p50_ms", "vllm_ttft_p95_ms"))
     fmt = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
     print(
         f"{row['label']:<14}{row['requests']:>9}{row['failed']:>8}"
-        f"{'-' if rate is None else f'{100 * rate:.1f} %':>15}{fmt(mean):>16}{fmt(p50):>9}{fmt(p95):>9}"
+        f"{'-' if rate is None else f'{100 * rate:.1f} %':>15}{fmt(mean):>16}{fmt(p50):>11}{fmt(p95):>11}"
     )
 EOF

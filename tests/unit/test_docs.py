@@ -27,6 +27,7 @@ FOREIGN_FLAGS = {
     "--pipeline-parallel-size", "--max-num-batched-tokens", "--gpu-memory-utilization",
     "--max-model-len", "--quantization", "--calculate-kv-scales", "--dtype", "--block-size",
     "--enable-chunked-prefill", "--enforce-eager", "--trust-remote-code", "--data-parallel-size",
+    "--shutdown-timeout",
     "--flag", "--no-flag", "--no-",
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--build", "--profile", "--cluster-enabled", "--check", "--strict",

@@ -370,3 +370,18 @@ def test_local_serve_supervises_until_sigterm_then_drains(fake: FakeVllm, tmp_pa
     output = [line for line in lines if line["event"] == "vllm_output"]
     assert any("Shutting down" in line["line"] and line["replica"] == "m8b[0]" for line in output)
     assert not alive(fake.launches()[0]["pid"])
+
+
+def test_local_serve_without_vllm_installed_exits_2_with_a_hint(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "model: org/m\n")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "local", "serve", str(path)],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
+        env={**os.environ, "PATH": str(empty)},
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "vLLM is not installed" in lines[0] and "pip install 'switchyard[local]'" in lines[0]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.replicas.launch import FLAG_OF_KNOB, VllmLaunch
+from gateway.replicas.launch import FLAG_OF_KNOB, VllmLaunch, knob_of_flag
 from gateway.replicas.launch_plan import LaunchError, plan_replicas
 
 
@@ -186,7 +186,9 @@ def test_api_key_goes_in_the_environment_never_on_the_command_line() -> None:
 
 
 def test_command_line_quotes_what_the_shell_needs() -> None:
-    line = plan_replicas(VllmLaunch(model="m", speculative={"method": "mtp"}), "d", {})[0].command_line()
+    line = plan_replicas(VllmLaunch(model="m", speculative={"method": "mtp"}), "d", {}, gpu=True)[
+        0
+    ].command_line()
     assert line.startswith("CUDA_VISIBLE_DEVICES=0 vllm serve m ")
     assert """--speculative-config '{"method":"mtp"}'""" in line
 
@@ -293,7 +295,10 @@ VLLM_MISSING = importlib.util.find_spec("vllm") is None
 
 def _vllm_serve_parser() -> Any:
     """vLLM's own parser of ``vllm serve`` flags (its location moved between versions)."""
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
 
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -340,3 +345,26 @@ def test_generated_argv_is_accepted_by_vllms_own_parser() -> None:
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
     off = plan_replicas(VllmLaunch(model="m", enable_prefix_caching=False), "d", {})[0].argv
     assert _vllm_serve_parser().parse_args(["--model", "m", *off[3:]]).enable_prefix_caching is False
+
+
+def test_without_a_gpu_the_cpu_kv_cache_is_sized_explicitly() -> None:
+    # vLLM's CPU backend would otherwise take gpu_memory_utilization (0.92) of the RAM.
+    plan = plan_replicas(VllmLaunch(model="m"), "d", {}, gpu=False)[0]
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan_replicas(VllmLaunch(model="m"), "d", {}, gpu=True)[0].env
+    sized = plan_replicas(VllmLaunch(model="m", cpu_kv_cache_gib=3), "d", {}, gpu=True)[0]
+    assert sized.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "cpu_kv_cache_gib" in error_of(cpu_kv_cache_gib=0.5)  # vLLM reads whole GiB
+    own = plan_replicas(VllmLaunch(model="m", env={"VLLM_CPU_KVCACHE_SPACE": "4"}), "d", {}, gpu=False)[0]
+    assert own.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "cpu_kv_cache_gib and env.VLLM_CPU_KVCACHE_SPACE" in error_of(
+        cpu_kv_cache_gib=1, env={"VLLM_CPU_KVCACHE_SPACE": "4"}
+    )
+
+
+def test_each_flag_names_the_knob_that_emits_it() -> None:
+    assert knob_of_flag("--calculate-kv-scales") == "calculate_kv_scales"
+    assert knob_of_flag("--no-enable-prefix-caching") == "enable_prefix_caching"
+    assert knob_of_flag("-tp") == "tensor_parallel_size"
+    assert knob_of_flag("--served-model-name") == "served_model_name"
+    assert knob_of_flag("--not-a-knob") is None

@@ -166,3 +166,15 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.15)
     assert histogram_quantile(0.99, [(0.1, 1.0), (math.inf, 10.0)]) == 0.1
     assert histogram_quantile(0.5, []) is None
+
+
+def test_the_block_size_is_read_from_the_cache_config_info() -> None:
+    text = (
+        'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+        'enable_prefix_caching="True"} 1.0\n'
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0\n'
+    )
+    figures = figures_from_text(text, model_name="tiny")
+    assert figures.block_size == 128
+    assert figures.to_dict()["block_size"] == 128
+    assert figures_from_text('vllm:cache_config_info{block_size="None"} 1.0\n').block_size is None

@@ -1,0 +1,70 @@
+"""The expected-hit chain: cache_salt, a vLLM deployment's block size and bytes per token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.cachestats.prefix import (
+    CHECKPOINT_TOKENS,
+    FINE_BYTES,
+    Geometries,
+    LocalPrefixes,
+    checkpoints,
+)
+
+SYSTEM = "You answer questions about the Switchyard gateway. " * 60  # ~3,000 bytes
+
+
+def body(user: str, salt: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    }
+    if salt is not None:
+        out["cache_salt"] = salt
+    return out
+
+
+def test_a_salted_request_only_matches_its_own_salt() -> None:
+    prefixes = LocalPrefixes(geometry=Geometries())
+    assert prefixes.expect_and_add("d", checkpoints(body("a", salt="tenant-1")), 600) == 0
+    assert prefixes.expect_and_add("d", checkpoints(body("b", salt="tenant-2")), 600) == 0
+    assert prefixes.expect_and_add("d", checkpoints(body("c")), 600) == 0
+    assert prefixes.expect_and_add("d", checkpoints(body("d", salt="tenant-1")), 600) > 0
+    assert checkpoints(body("a")) == checkpoints(body("a", salt=""))
+
+
+def test_openai_deployments_count_in_128_token_checkpoints() -> None:
+    prefixes = LocalPrefixes(geometry=Geometries())
+    chain = checkpoints(body("first"))
+    prefixes.expect_and_add("openai", chain, 600)
+    hit = prefixes.expect_and_add("openai", checkpoints(body("second")), 600)
+    assert hit == len("<|system|>\n" + SYSTEM + "\n<|user|>\n") // 512 * CHECKPOINT_TOKENS
+
+
+def test_a_vllm_deployment_counts_in_its_blocks_with_its_calibrated_bytes_per_token() -> None:
+    geometry = Geometries()
+    geometry.use_vllm("cpu", block_tokens=128)
+    geometry.use_vllm("gpu")  # block size not known: vLLM's GPU default
+    assert (geometry.block_tokens("cpu"), geometry.block_tokens("gpu")) == (128, 16)
+    geometry.use_vllm("cpu")  # a later hint without a size keeps the one learned
+    assert geometry.block_tokens("cpu") == 128
+    prefixes = LocalPrefixes(geometry=geometry)
+    first = checkpoints(body("first"))
+    # The tokenizer makes 3 bytes a token: the ratio follows what the deployment reports.
+    for _ in range(30):
+        geometry.observe("cpu", first, first.prompt_bytes // 3)
+    assert abs(geometry.bytes_per_token("cpu") - 3.0) < 0.01
+    prefixes.expect_and_add("cpu", first, 600)
+    hit = prefixes.expect_and_add("cpu", checkpoints(body("second")), 600)
+    shared_bytes = len("<|system|>\n" + SYSTEM + "\n<|user|>\n")
+    matched = shared_bytes // FINE_BYTES * FINE_BYTES
+    assert hit == int(matched / 3.0 // 128) * 128
+    assert hit % 128 == 0 and abs(hit - shared_bytes / 3) <= 128
+
+
+def test_usage_of_other_deployments_does_not_calibrate() -> None:
+    geometry = Geometries()
+    chain = checkpoints(body("x"))
+    geometry.observe("openai", chain, 10)
+    geometry.observe("openai", [1, 2, 3], 10)
+    assert geometry.bytes_per_token("openai") == 4.0

@@ -1,0 +1,34 @@
+"""The supervisor sees a process exit at once, even while its children hold the output pipe
+(as vLLM's engine processes do after the API server dies)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from local_backend.vllm._supervisor import _exited
+
+
+def test_exit_is_seen_while_a_child_keeps_the_pipe_open() -> None:
+    async def main() -> tuple[int, float]:
+        # The background sleep inherits stdout and outlives its parent.
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", "sleep 30 & echo started; exec sleep 30",
+            stdout=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        await proc.stdout.readline()
+        try:
+            killed_at = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL)
+            code = await asyncio.wait_for(_exited(proc), 5)
+            return code, time.monotonic() - killed_at
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.communicate()  # the pipe closes with the child: the transport ends cleanly
+
+    code, after_s = asyncio.run(main())
+    assert code == -signal.SIGKILL
+    assert after_s < 1.0
