@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -119,8 +119,56 @@ async def admin_stats(request: web.Request) -> web.Response:
 
 
 async def admin_dashboard(request: web.Request) -> web.Response:
-    """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key."""
-    return await _redis_report(request, request.config_dict[DASHBOARD].report)
+    """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key from
+    Redis, and under ``live`` this process's view of each deployment now."""
+    config = request.config_dict
+    report = config[DASHBOARD].report
+
+    async def with_live(policy: Policy, since_s: int) -> dict[str, Any]:
+        body = await report(policy, since_s)
+        body["live"] = live_deployments(config, list(policy.deployments))
+        return body
+
+    return await _redis_report(request, with_live)
+
+
+def live_deployments(config: Mapping[Any, Any], deployments: list[str]) -> dict[str, dict[str, Any]]:
+    """Per deployment: ``circuit`` (closed, half_open, open) and ``last_failure`` (a reason or
+    status, e.g. ``"401"`` for a revoked key); for vLLM replica sets also what the replicas'
+    /metrics report: healthy replicas, prefix-cache hit rate (tokens, since start), requests
+    running and waiting, the fullest KV cache and the mean TTFT. ``None`` where there is none."""
+    circuits = config[DISPATCHER].breakers.status()
+    replicas = replica_status(config[POOL], deployments, config[SUPERVISOR])["deployments"]
+    out: dict[str, dict[str, Any]] = {}
+    for name in deployments:
+        circuit = circuits.get(name, {})
+        out[name] = {
+            "circuit": circuit.get("state", "closed"),
+            "last_failure": circuit.get("last_failure"),
+            **_replica_figures(replicas.get(name)),
+        }
+    return out
+
+
+def _replica_figures(status: dict[str, Any] | None) -> dict[str, Any]:
+    reps = status["replicas"] if status else []
+    figures = [r["metrics"] for r in reps if r.get("metrics")]
+
+    def total(key: str) -> float | None:
+        values = [f[key] for f in figures if f.get(key) is not None]
+        return sum(values) if values else None
+
+    queries, hits = total("prefix_cache_queries_tokens"), total("prefix_cache_hits_tokens")
+    kv = [f["kv_cache_usage"] for f in figures if f.get("kv_cache_usage") is not None]
+    ttft = [f["ttft_mean_s"] for f in figures if f.get("ttft_mean_s") is not None]
+    return {
+        "healthy_replicas": sum(1 for r in reps if r.get("healthy")) if status else None,
+        "prefix_cache_hit_rate": (hits or 0.0) / queries if queries else None,
+        "running": total("running"),
+        "waiting": total("waiting"),
+        "kv_cache_usage": max(kv) if kv else None,
+        "ttft_mean_ms": 1000 * sum(ttft) / len(ttft) if ttft else None,
+    }
 
 
 async def admin_replicas(request: web.Request) -> web.Response:

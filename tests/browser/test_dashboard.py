@@ -60,6 +60,8 @@ def lookup(data: Any, path: str) -> Any:
 
 def formatted(value: Any, fmt: str, path: str) -> str:
     """The page's formatting (FORMATS in index.html)."""
+    if value is None and fmt in ("int", "pct"):
+        return NONE
     if fmt == "int":
         return str(value)
     if fmt == "ms":

@@ -205,6 +205,11 @@ def test_vllm_metrics_are_parsed_and_shown(gateway: GatewayProcess, port: int) -
         time.sleep(0.2)
     assert all(m["block_size"] == 128 and m["kv_cache_usage"] is not None for m in shown)
     assert sum(m["prefix_cache_queries_tokens"] for m in shown) > 0
+    # The dashboard's "Deployments now" panel shows the same figures.
+    live = http_json("GET", gateway.url + "/admin/dashboard")["live"]["tiny"]
+    assert live["circuit"] == "closed" and live["healthy_replicas"] == 2
+    assert live["prefix_cache_hit_rate"] is not None and live["kv_cache_usage"] is not None
+    assert live["running"] is not None and live["waiting"] is not None and live["ttft_mean_ms"] > 0
 
 
 def routed_home(gw: GatewayProcess) -> int:

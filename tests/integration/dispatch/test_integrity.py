@@ -193,6 +193,9 @@ def test_a_401_on_one_deployment_falls_back_and_shows_on_readyz(
     assert requests_seen(a) == 2  # once per request: never retried on the deployment that refused
     circuit = admin(gw, "/readyz")["circuits"]["a"]
     assert circuit["state"] == "open" and circuit["last_failure"] == "401"
+    live = admin(gw, "/admin/dashboard")["live"]  # the dashboard's "Deployments now" panel
+    assert (live["a"]["circuit"], live["a"]["last_failure"]) == ("open", "401")
+    assert live["b"]["circuit"] == "closed" and live["b"]["healthy_replicas"] is None
 
 
 # --- 7: stream failures before the first byte are retried -----------------------------------
