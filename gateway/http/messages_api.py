@@ -13,9 +13,6 @@ Anthropic's error JSON.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import orjson
 from aiohttp import web
 
@@ -26,9 +23,9 @@ from gateway.dialects.anthropic_sse import ChunksToEvents
 from gateway.dispatch.dispatcher import OpenStream
 from gateway.dispatch.fanout import timeout_override
 from gateway.errors import ModelNotFoundError, SwitchyardError
-from gateway.http.redact import scrub
-from gateway.http.responses import cancelled_by_drain, json_response, read_json, route_headers, shutdown_error
+from gateway.http.responses import json_response, read_json, route_headers
 from gateway.http.state import CTX, STAGES
+from gateway.http.streaming import forward_stream
 from gateway.pipeline import open_stream, run_unary
 from gateway.routing.resolve import model_names
 
@@ -70,38 +67,14 @@ async def _forward(
     request: web.Request, ctx: RequestContext, opened: OpenStream, events: ChunksToEvents
 ) -> web.StreamResponse:
     """Write the opened chat stream to the client as Anthropic events, until its end."""
-    resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
-    tail = b""
-    try:
-        await resp.prepare(request)
-        await resp.write(events.feed(opened.first))
-        async for out in opened.rest():
-            translated = events.feed(out)
-            if events.finished:
-                tail += translated
-            elif translated:
-                await resp.write(translated)
-    except SwitchyardError as exc:
-        ctx.error_code = exc.code
-        tail += events.error_event(scrub(request.app, ctx.snapshot, exc.message), _kind(exc))
-    except ConnectionError:
-        ctx.status = 499
-        ctx.error_code = "client_disconnected"
-    except asyncio.CancelledError:
-        if not cancelled_by_drain(request.app):
-            raise
-        err = shutdown_error()
-        ctx.error_code = err.code
-        tail += events.error_event(err.message, "overloaded_error")
-    finally:
-        opened.close()
-        ctx.usage = opened.scanner.usage
-        if opened.scanner.error is not None and ctx.error_code is None:
-            ctx.error_code = str(opened.scanner.error.get("code") or "upstream_stream_error")
-    if ctx.status != 499:
-        with contextlib.suppress(ConnectionError):
-            await resp.write_eof(tail)
-    return resp
+    return await forward_stream(
+        request,
+        ctx,
+        opened,
+        error_event=lambda exc: events.error_event(exc.message, _kind(exc)),
+        translate=events.feed,
+        finished=lambda: events.finished,
+    )
 
 
 def _kind(exc: SwitchyardError) -> str:

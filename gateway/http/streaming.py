@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -24,26 +24,29 @@ async def forward_stream(
     opened: OpenStream,
     error_event: Callable[[SwitchyardError], bytes] = sse_error_event,
     before_end: Callable[[], Awaitable[None]] | None = None,
+    translate: Callable[[bytes], bytes] | None = None,
+    finished: Callable[[], bool] | None = None,
 ) -> web.StreamResponse:
     """Write an opened upstream stream to the client, chunk by chunk, until its end.
 
     ``error_event`` is the endpoint's own error event; ``before_end`` runs before the last
     bytes go out (the Responses API stores its response there, so a client that sends the
-    next turn at once finds it)."""
+    next turn at once finds it). An endpoint that speaks another dialect passes
+    ``translate`` (upstream bytes -> the events it sends) and ``finished`` (its end was
+    sent); by default the bytes pass as they are and the end is the upstream's."""
     resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
-    # Everything up to [DONE] is written as it arrives; the last bytes go out together
+    if finished is None:
+        finished = lambda: opened.scanner.done  # noqa: E731
+    # Everything up to the end is written as it arrives; the last bytes go out together
     # with the end of the response (one write instead of two).
     tail = b""
     try:
         await resp.prepare(request)
-        if opened.scanner.done:
-            tail = opened.first
-        else:
-            await resp.write(opened.first)
-        async for out in opened.rest():
-            if opened.scanner.done:
+        async for chunk in _whole(opened):
+            out = translate(chunk) if translate is not None else chunk
+            if finished():
                 tail += out
-            else:
+            elif out:
                 await resp.write(out)
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
@@ -72,3 +75,10 @@ async def forward_stream(
         with contextlib.suppress(ConnectionError):
             await resp.write_eof(tail)
     return resp
+
+
+async def _whole(opened: OpenStream) -> AsyncIterator[bytes]:
+    """The stream from its first event (already received) to its end."""
+    yield opened.first
+    async for out in opened.rest():
+        yield out
