@@ -368,6 +368,7 @@ class PolicyShaper:
         the system message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
         per-request and what the learned model found (a name, a directory) as per-session."""
+        # (The first turn's volatile units are remembered too: the second turn compares.)
         key = _conversation(messages, template)
         volatile = {h for h, m in zip(hashes, moving, strict=True) if m}
         previous = self._conversations.get(key) if key else None
@@ -375,7 +376,11 @@ class PolicyShaper:
             if len(self._conversations) > 20_000:
                 self._conversations.clear()
             self._conversations[key] = volatile
-        if to_end:
+        if to_end or not any(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:last_user]
+        ):
+            # A first turn has no history to keep reusable: the end of the system message is as
+            # good, and the next turn finds it there (its prefix then reaches past it).
             return [False] * len(moving)
         if previous is None:
             return [m and d for m, d in zip(moving, detected, strict=True)]
