@@ -29,15 +29,13 @@ from gateway.shaping.canonical import canonical_wrapper
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
-    ELEMENT,
-    FENCE,
     LINES,
     SECTION,
     Unit,
     glued,
     level,
     line_kind,
-    segment,
+    segment_cached,
     unit_text,
 )
 from gateway.shaping.volatile import Detectors, line_hash
@@ -78,6 +76,15 @@ class ShapeResult:
         parts.append(f"stable_prefix_tokens={self.stable_prefix_tokens}")
         parts.append(f"template={self.template}")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A conversation's last request's head: the hashes of the units that moved, and of those
+    that stayed (``,``-separated: a string costs less memory than a set)."""
+
+    moved: frozenset[str]
+    stable: str
 
 
 def _tool_name(tool: Any) -> str:
@@ -132,8 +139,7 @@ class PolicyShaper:
         self.policy = policy
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
-        self._units_memo: dict[str, list[Unit]] = {}
-        self._conversations: dict[str, set[str]] = {}  # volatile units of a conversation's last request
+        self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
 
     def _canonical(self, obj: Any) -> Any:
@@ -295,13 +301,20 @@ class PolicyShaper:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         policy = self.policy
         lines = content.split("\n")
-        units = self._units(content, lines)
+        units, outside = segment_cached(lines)
         detect = self.detectors.line
         verdicts = [detect(line) for line in lines]
         texts: list[str] = []
         detected: list[bool] = []
         hashes: list[str] = []
-        for unit in units:
+        if len(units) == len(lines):  # one instruction per line: every unit a line
+            texts = lines
+            detected = [v[0] for v in verdicts]
+            hashes = [v[2] for v in verdicts]
+            units_of_lines: list[Unit] = []
+        else:
+            units_of_lines = units
+        for unit in units_of_lines:
             if unit.end - unit.start == 1:
                 texts.append(lines[unit.start])
                 detected.append(verdicts[unit.start][0])
@@ -312,24 +325,35 @@ class PolicyShaper:
                 detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
                 hashes.append(line_hash(text))
         rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
-        result.template = template or self._skeleton(units, lines, verdicts, rag, tool_names)
+        result.template = template or self._skeleton(
+            lines, outside, units[rag] if rag >= 0 else None, tool_names
+        )
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
+        key, previous = self._layout(messages, result.template)
+        if previous is not None:
+            # Within a conversation a unit keeps the place it had: a verdict that changes as the
+            # model learns must not change the prefix of a conversation under way.
+            moving = [
+                m if h not in previous.moved and f",{h}," not in previous.stable else h in previous.moved
+                for m, h in zip(moving, hashes, strict=True)
+            ]
         if rag >= 0:
             moving[rag] = False
         last_user = _last_user_index(messages)
         to_end = not (policy.placement == "before_last_user" and last_user > 0)
-        late = self._late(messages, last_user, result.template, hashes, moving, detected, to_end)
+        late = self._late(messages, last_user, previous, hashes, moving, detected, to_end)
         late_idx = [i for i in range(len(units)) if late[i]]
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
         end = [m and not x for m, x in zip(moving, late, strict=True)]
         order, rag = _place(units, lines, moving, end, rag)
+        self._remember(key, hashes, moving)
         stable_idx = [i for i in range(len(units)) if not moving[i] and i != rag]
         stable_key = "".join([hashes[i] for i in stable_idx]).encode()
         has_stable = any(texts[i].strip() for i in stable_idx)
         end_idx = [i for i in range(len(units)) if end[i]]
         late_idx = [i for i in range(len(units)) if late[i]]
-        result.stable_prefix_tokens = sum(len(texts[i]) + 1 for i in order if i != rag) // 4
+        result.stable_prefix_tokens = len("\n".join([texts[i] for i in order if i != rag])) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
             if has_stable:
@@ -353,7 +377,7 @@ class PolicyShaper:
         self,
         messages: list[Any],
         last_user: int,
-        template: str,
+        previous: _Layout | None,
         hashes: list[str],
         moving: list[bool],
         detected: list[bool],
@@ -363,19 +387,10 @@ class PolicyShaper:
         system message: only what changes *within* a conversation pays to go there (a
         per-session value there pushes the previous turn out of the reusable prefix).
 
-        A conversation is known by its template and its first user message; what its previous
-        request's volatile units were is remembered. A unit it had too is per-session (end of
-        the system message); one it did not is per-request (before the newest user turn). In a
+        A unit the conversation's previous request had too is per-session (end of the system
+        message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
         per-request and what the learned model found (a name, a directory) as per-session."""
-        # (The first turn's volatile units are remembered too: the second turn compares.)
-        key = _conversation(messages, template)
-        volatile = {h for h, m in zip(hashes, moving, strict=True) if m}
-        previous = self._conversations.get(key) if key else None
-        if key:
-            if len(self._conversations) > 20_000:
-                self._conversations.clear()
-            self._conversations[key] = volatile
         if to_end or not any(
             isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:last_user]
         ):
@@ -384,37 +399,37 @@ class PolicyShaper:
             return [False] * len(moving)
         if previous is None:
             return [m and d for m, d in zip(moving, detected, strict=True)]
-        return [m and h not in previous for m, h in zip(moving, hashes, strict=True)]
+        return [m and h not in previous.moved for m, h in zip(moving, hashes, strict=True)]
 
-    def _units(self, content: str, lines: list[str]) -> list[Unit]:
-        found = self._units_memo.get(content)
-        if found is None:
-            found = segment(lines)
-            if len(self._units_memo) > 2048:
-                self._units_memo.clear()
-            self._units_memo[content] = found
-        return found
+    def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
+        """The conversation's key (its template and first user message) and what its previous
+        request's head looked like."""
+        key = _conversation(messages, template)
+        return key, (self._conversations.get(key) if key else None)
+
+    def _remember(self, key: str, hashes: list[str], moving: list[bool]) -> None:
+        if not key:
+            return
+        if len(self._conversations) > 5_000:
+            self._conversations.clear()
+        moved = frozenset(h for h, m in zip(hashes, moving, strict=True) if m)
+        stable = "," + ",".join(h for h, m in zip(hashes, moving, strict=True) if not m) + ","
+        self._conversations[key] = _Layout(moved, stable)
 
     def _skeleton(
-        self,
-        units: list[Unit],
-        lines: list[str],
-        verdicts: list[tuple[bool, str, str]],
-        rag: int,
-        tool_names: str,
+        self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
     ) -> str:
         """The template: its tool names and its longest line, masked, outside the elements and
-        code blocks (where memories, retrieved passages and pasted files sit)."""
-        longest, size = "", -1
-        for i, unit in enumerate(units):
-            if i == rag or unit.kind in (ELEMENT, FENCE):
-                continue
-            for j in range(unit.start, unit.end):
-                if len(lines[j]) > size:
-                    longest, size = lines[j], len(lines[j])
-        if size < 0:
+        code blocks (where memories, retrieved passages and pasted files sit) and the
+        retrieval block."""
+        candidates = [
+            max(lines[a:b], key=len)
+            for a, b in outside
+            if rag is None or not (rag.start <= a and b <= rag.end)
+        ]
+        if not candidates:
             return self._template(lines, tool_names)
-        return line_hash(self.detectors.line(longest)[1] + "|" + tool_names)
+        return line_hash(self.detectors.line(max(candidates, key=len))[1] + "|" + tool_names)
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the

@@ -205,6 +205,51 @@ def segment(lines: list[str]) -> list[Unit]:
     return units
 
 
+_shape_ids: dict[str, int] = {}
+_plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
+
+
+def _shape_id(line: str) -> int:
+    """An id for everything :func:`segment` reads in ``line``: for an ordinary line its kind,
+    whether it closes a clause, whether it starts in lowercase and its heading level; a line
+    that may open or close an element or a fence is its own shape."""
+    if "<" in line or "`" in line or "~" in line:
+        shape = -1 - len(_shape_ids)
+    else:
+        key = (line_kind(line), line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), level(line))
+        shape = _plain_shapes.setdefault(key, len(_plain_shapes))
+    if len(_shape_ids) > 50_000:
+        _shape_ids.clear()
+    _shape_ids[line] = shape
+    return shape
+
+
+def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]:
+    """:func:`segment`, memoized by the lines' shapes: a template's requests differ in values,
+    rarely in shape, so the per-request cost is a lookup per line. Also the line ranges outside
+    elements and code blocks (where a template's skeleton is read)."""
+    known: list[int | None] = list(map(_shape_ids.get, lines))
+    if None in known:
+        known = [i if i is not None else _shape_id(line) for i, line in zip(known, lines, strict=True)]
+    key: tuple[int, ...] = tuple(known)  # type: ignore[arg-type]  # no None left
+    found = _segments.get(key)
+    if found is None:
+        units = segment(lines)
+        ranges: list[tuple[int, int]] = []
+        for unit in units:
+            if unit.kind in (ELEMENT, FENCE):
+                continue
+            if ranges and ranges[-1][1] == unit.start:
+                ranges[-1] = (ranges[-1][0], unit.end)
+            else:
+                ranges.append((unit.start, unit.end))
+        if len(_segments) > 4096:
+            _segments.clear()
+        found = _segments[key] = (units, ranges)
+    return found
+
+
 def unit_text(lines: list[str], unit: Unit) -> str:
     """The unit's bytes: its lines joined with ``\\n``."""
     return "\n".join(lines[unit.start : unit.end])
