@@ -198,13 +198,14 @@ WORKLOADS = {"chat": chat_workload, "agent": agent_workload, "rag": rag_workload
 
 
 def _bound_values(template: corpus.Template) -> list[list[dict[str, Any]]]:
-    """The template's workload with no value varying (every session the first one's values):
+    """The template's workload with no value varying (every request the first one's system
+    prompt, the tools in one order):
     an upper bound for what any order of its content could have cached."""
     bound = []
+    first = corpus.sessions(template, users=1, turns=1)[0][0]["messages"][0]
     for bodies in corpus.sessions(template, users=8, turns=5):
-        same = corpus.sessions(template, users=1, turns=5)[0]
-        for body, first in zip(bodies, same, strict=True):
-            body["messages"][0] = copy.deepcopy(first["messages"][0])
+        for body in bodies:
+            body["messages"][0] = copy.deepcopy(first)
             if "tools" in body:
                 body["tools"] = copy.deepcopy(template.tools)
         bound.append(bodies)
@@ -341,7 +342,8 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 ]
                 gw_log = tmp / f"gw-{config}.log"
                 with serving(gw_cmd, f"http://127.0.0.1:{port}/healthz", log=gw_log, env=env, cwd=ROOT):
-                    for template in corpus.TEMPLATES if args.corpus else ():
+                    # The corpus prompts are under OpenAI's 1,024-token minimum: vLLM's model only.
+                    for template in corpus.TEMPLATES if args.corpus and cache_model == "vllm" else ():
                         _post(sim_url + "/sim/reset")
                         url = f"http://127.0.0.1:{port}/v1/chat/completions"
                         sessions = corpus_workload(template, config)

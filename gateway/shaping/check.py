@@ -53,6 +53,9 @@ def structures(text: str) -> list[str]:
             for j in range(i + 1, len(lines)):
                 if closing in lines[j]:
                     found.append((i, j + 1))
+                    for k in range(i + 1, j + 1):
+                        in_fence[k] = True  # a heading, list or fence inside belongs to it
+                    i = j
                     break
         i += 1
     for start, line in enumerate(lines):

@@ -29,6 +29,7 @@ from gateway.shaping.canonical import canonical_wrapper
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
+    FENCE,
     LINES,
     SECTION,
     Unit,
@@ -552,6 +553,11 @@ def _chain_joins(units: list[Unit], lines: list[str], chain: list[int]) -> bool:
 
 def _would_join(units: list[Unit], lines: list[str], before: int, after: int) -> bool:
     """Whether unit ``after``, placed right after unit ``before``, would read as part of it."""
+    unit = units[before]
+    if unit.kind == FENCE and (
+        unit.end - unit.start == 1 or lines[unit.end - 1].lstrip()[:3] not in ("```", "~~~")
+    ):
+        return True  # a fence never closed: whatever follows would be inside it
     if units[before].kind == SECTION:
         # Anything but a section of the same level or above would read as part of it.
         if units[after].kind != SECTION:

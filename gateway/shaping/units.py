@@ -114,8 +114,8 @@ def _fence_end(lines: list[str], start: int, fence: str) -> int:
 
 
 def _element_end(lines: list[str], start: int, tag: str) -> int:
-    """The index after the line closing the element opened at ``start``; 0 when it does not
-    close on a later line (then the line is ordinary text)."""
+    """The index after the line closing the element opened at ``start`` (nested elements of
+    its name counted); 0 when it does not close on a later line (then the line is text)."""
     opening = re.compile(rf"<{re.escape(tag)}(?:\s[^<>]*)?>")
     closing = f"</{tag}>"
     first = lines[start]
@@ -123,15 +123,19 @@ def _element_end(lines: list[str], start: int, tag: str) -> int:
     rest = first[head.end() :] if head else first
     if closing in rest:
         return 0  # opened and closed on one line
-    depth = 1
+    depth, first_close = 1, 0
     for j in range(start + 1, len(lines)):
         line = lines[j]
         if "<" not in line:
             continue
-        depth += len(opening.findall(line)) - line.count(closing)
+        closes = line.count(closing)
+        if closes and not first_close:
+            first_close = j + 1
+        depth += len(opening.findall(line)) - closes
         if depth <= 0:
             return j + 1
-    return 0
+    # Unbalanced: up to its first closing tag at least (the larger unit is the safe reading).
+    return first_close
 
 
 def _blocks(lines: list[str]) -> list[tuple[int, int, str, str]]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.shaping.check import semantic_changes, structures
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.shaper import PolicyShaper
@@ -184,3 +187,53 @@ def test_the_check_reports_a_broken_structure_a_changed_turn_and_a_reordered_sch
     assert "conversation turns changed" in problems
     assert any("order that means something" in p for p in problems)
     assert semantic_changes(original, copy.deepcopy(original)) == []
+
+
+# Property: prompts assembled from structural pieces, some holding a volatile value.
+
+_PIECES = [
+    "You are helpful.",
+    "Today is 2026-12-03.",
+    "Local time: 10:42.",
+    "",
+    "# Rules",
+    "## Tools",
+    "====",
+    "System info:",
+    "- cwd: /home/ana",
+    "- date: 2026-12-03",
+    "  continued detail",
+    "```",
+    "<env>",
+    "</env>",
+    "<context>",
+    "</context>",
+    "Name: Ana",
+    "Plan: gold",
+    "and a wrapped end",
+    "| a | b |",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=14),
+    st.sampled_from(["end_of_system", "before_last_user"]),
+    st.booleans(),
+)
+def test_structured_prompts_keep_their_meaning_and_shape_once(
+    pieces: list[str], placement: str, rag: bool
+) -> None:
+    system = "\n".join(pieces)
+    assert "\n".join(units_of(system)) == system
+    turns = (("user", "a"), ("assistant", "b"), ("user", "c"))
+    policy = {"placement": placement, "rag": {"enabled": rag}}
+    shaper = PolicyShaper(ShapingPolicy.model_validate(policy))
+    messages = [{"role": "system", "content": system}] + [{"role": r, "content": c} for r, c in turns]
+    original = {"messages": messages}
+    body = copy.deepcopy(original)
+    shaper.shape(body)
+    assert semantic_changes(original, body) == []
+    once = copy.deepcopy(body)
+    shaper.shape(body)
+    assert body == once
