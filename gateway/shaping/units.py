@@ -73,8 +73,8 @@ def line_kind(line: str) -> int:
         kind = TABLE
     elif stripped.endswith(":"):
         kind = LEAD_IN
-    elif _KEY_VALUE.match(line):
-        kind = KEY_VALUE
+    elif len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
+        kind = KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
     else:
         kind = TEXT
     if len(_kinds) > 50_000:
