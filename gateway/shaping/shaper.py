@@ -56,6 +56,9 @@ class ShapeResult:
     template: str = "-"
     moved: int = 0
     rag_moved: bool = False
+    moved_before_user: int = 0
+    """Of the moved units, those that went before the newest user turn (they change within the
+    conversation); the others went to the end of the system message."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
@@ -76,6 +79,8 @@ class ShapeResult:
             parts.append("tools=sorted")
         parts.append(f"stable_prefix_tokens={self.stable_prefix_tokens}")
         parts.append(f"template={self.template}")
+        if self.moved:
+            parts.append(f"to=end:{self.moved - self.moved_before_user},user:{self.moved_before_user}")
         return "; ".join(parts)
 
 
@@ -260,6 +265,7 @@ class PolicyShaper:
         if policy.placement == "before_last_user" and last_user > 0:
             head["content"] = stable
             messages.insert(last_user, {"role": head["role"], "content": volatile})
+            result.moved_before_user = len(volatile)
         else:
             shaped = [*stable, *volatile]
             if shaped == content:  # already stable first, volatile last: a shaped request
@@ -366,6 +372,7 @@ class PolicyShaper:
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
         result.moved = len(end_idx) + len(late_idx)
+        result.moved_before_user = len(late_idx)
         result.rag_moved = rag >= 0 and order != sorted(order)
         head["content"] = shaped
         if late_idx:

@@ -75,6 +75,17 @@ def test_hard_wrapped_sentences_and_key_value_records_stay_together() -> None:
     ]
 
 
+def test_numbered_rules_written_as_sentences_are_one_unit_each() -> None:
+    text = (
+        "Rule 1: answer precisely, citing the policy.\nRule 2: never promise refunds.\nOS: linux\nShell: zsh"
+    )
+    assert units_of(text) == [
+        "Rule 1: answer precisely, citing the policy.",
+        "Rule 2: never promise refunds.",
+        "OS: linux\nShell: zsh",
+    ]
+
+
 def test_a_dated_list_item_moves_with_its_whole_list_never_alone() -> None:
     system = (
         "You are a coding assistant.\nFollow the user's style.\n"
@@ -163,11 +174,12 @@ def test_per_session_values_go_to_the_end_of_the_system_message_per_request_ones
         system = f"You are helpful.\nBe brief.\nToday is 2026-12-03.\nLocal time: 10:{turn:02d}."
         messages = [{"role": "system", "content": system}, *history, {"role": "user", "content": f"q{turn}"}]
         body = {"messages": copy.deepcopy(messages)}
-        shaper.shape(body)
+        result = shaper.shape(body)
         history += [{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": "a"}]
     # The date did not change within the conversation: it stays with the system prompt.
     assert body["messages"][0]["content"] == "You are helpful.\nBe brief.\nToday is 2026-12-03."
     assert body["messages"][-2] == {"role": "system", "content": "Local time: 10:02."}
+    assert result.header().endswith("; to=end:1,user:1")
 
 
 def test_the_check_reports_a_broken_structure_a_changed_turn_and_a_reordered_schema() -> None:
