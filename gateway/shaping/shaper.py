@@ -21,6 +21,8 @@ import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter, not_
 from typing import Any
 
 import orjson
@@ -47,6 +49,7 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
+_FIRST, _THIRD = itemgetter(0), itemgetter(2)
 
 
 @dataclass(slots=True)
@@ -87,7 +90,7 @@ class ShapeResult:
 @dataclass(frozen=True, slots=True)
 class _Layout:
     """A conversation's last request's head: the hashes of the units that moved, and of those
-    that stayed (``,``-separated: a string costs less memory than a set)."""
+    that stayed (concatenated, 8 characters each: a string costs less than a set)."""
 
     moved: frozenset[str]
     stable: str
@@ -310,14 +313,14 @@ class PolicyShaper:
         lines = content.split("\n")
         units, outside = segment_cached(lines)
         detect = self.detectors.line
-        verdicts = [detect(line) for line in lines]
+        verdicts = list(map(detect, lines))
         texts: list[str] = []
         detected: list[bool] = []
         hashes: list[str] = []
         if len(units) == len(lines):  # one instruction per line: every unit a line
             texts = lines
-            detected = [v[0] for v in verdicts]
-            hashes = [v[2] for v in verdicts]
+            detected = list(map(_FIRST, verdicts))
+            hashes = list(map(_THIRD, verdicts))
             units_of_lines: list[Unit] = []
         else:
             units_of_lines = units
@@ -340,35 +343,51 @@ class PolicyShaper:
         if previous is not None:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
             # model learns must not change the prefix of a conversation under way.
-            moving = [
-                m if h not in previous.moved and f",{h}," not in previous.stable else h in previous.moved
-                for m, h in zip(moving, hashes, strict=True)
-            ]
-        if rag >= 0:
-            moving[rag] = False
+            moved, stable_before = previous.moved, previous.stable
+            if moved:
+                moving = [m or h in moved for m, h in zip(moving, hashes, strict=True)]
+            for i in list(compress(range(len(moving)), moving)):  # the few moving units
+                h = hashes[i]
+                if h not in moved and _has_hash(stable_before, h):
+                    moving[i] = False
         last_user = _last_user_index(messages)
         to_end = not (policy.placement == "before_last_user" and last_user > 0)
+        if rag >= 0:
+            moving[rag] = False
+            h = hashes[rag]
+            if (
+                not to_end
+                and previous is not None
+                and h not in previous.moved
+                and not _has_hash(previous.stable, h)
+            ):
+                # Passages retrieved anew for this turn: before the newest user turn, whole, like
+                # any content that changes within the conversation (the history stays cached).
+                moving[rag], rag = True, -1
         late = self._late(messages, last_user, previous, hashes, moving, detected, to_end)
-        late_idx = [i for i in range(len(units)) if late[i]]
+        late_idx = list(compress(range(len(units)), late))
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
         end = [m and not x for m, x in zip(moving, late, strict=True)]
         order, rag = _place(units, lines, moving, end, rag)
-        self._remember(key, hashes, moving)
-        stable_idx = [i for i in range(len(units)) if not moving[i] and i != rag]
-        stable_key = "".join([hashes[i] for i in stable_idx]).encode()
+        stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+        stable_hashes = "".join([hashes[i] for i in stable_idx])
+        stable_key = stable_hashes.encode()
+        if key:
+            self._remember(key, hashes, moving, stable_hashes + (hashes[rag] if rag >= 0 else ""))
         has_stable = any(texts[i].strip() for i in stable_idx)
-        end_idx = [i for i in range(len(units)) if end[i]]
-        late_idx = [i for i in range(len(units)) if late[i]]
-        result.stable_prefix_tokens = len("\n".join([texts[i] for i in order if i != rag])) // 4
+        end_idx = list(compress(range(len(units)), end))
+        late_idx = list(compress(range(len(units)), late))
+        stable_text = "\n".join([texts[i] for i in order if i != rag])
+        result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
             if has_stable:
                 result.head_stable_chars = len(content)
             return stable_key if has_stable else b""
-        before_rag = order[: order.index(rag)] if rag >= 0 else order
-        result.head_stable_chars = len("\n".join(texts[i] for i in before_rag).rstrip("\n"))
-        shaped = "\n".join(texts[i] for i in (*order, *end_idx))
+        before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
+        result.head_stable_chars = len(before_rag.rstrip("\n"))
+        shaped = "\n".join([texts[i] for i in (*order, *end_idx)])
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
         result.moved = len(end_idx) + len(late_idx)
@@ -415,14 +434,10 @@ class PolicyShaper:
         key = _conversation(messages, template)
         return key, (self._conversations.get(key) if key else None)
 
-    def _remember(self, key: str, hashes: list[str], moving: list[bool]) -> None:
-        if not key:
-            return
+    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
         if len(self._conversations) > 5_000:
             self._conversations.clear()
-        moved = frozenset(h for h, m in zip(hashes, moving, strict=True) if m)
-        stable = "," + ",".join(h for h, m in zip(hashes, moving, strict=True) if not m) + ","
-        self._conversations[key] = _Layout(moved, stable)
+        self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
 
     def _skeleton(
         self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
@@ -490,6 +505,16 @@ def _last_user_index(messages: list[Any]) -> int:
     return -1
 
 
+def _has_hash(joined: str, h: str) -> bool:
+    """Whether ``h`` is one of the 8-character hashes concatenated in ``joined``."""
+    at = joined.find(h)
+    while at >= 0:
+        if at % 8 == 0:
+            return True
+        at = joined.find(h, at + 1)
+    return False
+
+
 def _conversation(messages: list[Any], template: str) -> str:
     """A conversation's key: its template and first user message ("" when it has none)."""
     for message in messages:
@@ -531,8 +556,12 @@ def _place(
     of them that is not blank. What would land at the end of the head and read as part of the
     unit before it (after a markdown section, or glued to its last line) stays where it is:
     the retrieval block, or the units moving to the end (``moving`` and ``end`` updated)."""
-    stable = [i for i in range(len(units)) if not moving[i] and i != rag]
-    nonblank = [n for n, i in enumerate(stable) if lines[units[i].start].strip()]
+    stable = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+    # Only the last one that is not blank is needed.
+    last_nonblank = next(
+        (n for n in range(len(stable) - 1, -1, -1) if lines[units[stable[n]].start].strip()), -1
+    )
+    nonblank = [last_nonblank] if last_nonblank >= 0 else []
     if (
         rag >= 0
         and nonblank

@@ -234,8 +234,10 @@ def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]
     rarely in shape, so the per-request cost is a lookup per line. Also the line ranges outside
     elements and code blocks (where a template's skeleton is read)."""
     known: list[int | None] = list(map(_shape_ids.get, lines))
-    if None in known:
-        known = [i if i is not None else _shape_id(line) for i, line in zip(known, lines, strict=True)]
+    start = 0
+    while None in known:  # the new lines only (C-speed scans between them)
+        start = known.index(None, start)
+        known[start] = _shape_id(lines[start])
     key: tuple[int, ...] = tuple(known)  # type: ignore[arg-type]  # no None left
     found = _segments.get(key)
     if found is None:

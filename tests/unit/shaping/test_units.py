@@ -249,3 +249,25 @@ def test_structured_prompts_keep_their_meaning_and_shape_once(
     once = copy.deepcopy(body)
     shaper.shape(body)
     assert body == once
+
+
+def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole() -> None:
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    history: list[dict[str, Any]] = []
+    for turn in range(3):
+        docs = f"<context>\n[1] Passage {turn}.\n\n[2] Another passage {turn}.\n</context>"
+        system = f"You are Acme's assistant.\n{docs}\nCite passages by number."
+        original = {
+            "messages": [
+                {"role": "system", "content": system},
+                *history,
+                {"role": "user", "content": f"q{turn}"},
+            ]
+        }
+        body = copy.deepcopy(original)
+        shaper.shape(body)
+        assert semantic_changes(original, body) == []
+        history += [{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": "a"}]
+    # The history stays a common prefix: the passages of this turn sit after it, whole.
+    assert body["messages"][0]["content"] == "You are Acme's assistant.\nCite passages by number."
+    assert body["messages"][-2] == {"role": "system", "content": docs}
