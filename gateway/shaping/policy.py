@@ -33,6 +33,11 @@ class ShapingPolicy(StrictModel):
     enabled: bool = True
     sort_tools: bool = True
     canonical_json: bool = True
+    canonical_arguments: bool = Field(
+        False,
+        description="Re-serialize tool-call arguments with sorted keys (for clients whose order "
+        "varies; otherwise they keep the bytes the model generated, which the provider cached).",
+    )
     detectors: list[Detector] = Field(default_factory=lambda: list(DETECTORS))
     volatile_patterns: list[str] = Field(
         default_factory=list, description="Extra regexes that mark a line volatile."

@@ -16,15 +16,31 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter, not_
 from typing import Any
 
 import orjson
 
+from gateway.shaping.canonical import canonical_wrapper
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
+from gateway.shaping.units import (
+    FENCE,
+    LINES,
+    SECTION,
+    Unit,
+    glued,
+    level,
+    line_kind,
+    segment_cached,
+    unit_text,
+)
 from gateway.shaping.volatile import Detectors, line_hash
 from gateway.store.writer import StatsWriter
 
@@ -33,6 +49,7 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
+_FIRST, _THIRD = itemgetter(0), itemgetter(2)
 
 
 @dataclass(slots=True)
@@ -42,6 +59,9 @@ class ShapeResult:
     template: str = "-"
     moved: int = 0
     rag_moved: bool = False
+    moved_before_user: int = 0
+    """Of the moved units, those that went before the newest user turn (they change within the
+    conversation); the others went to the end of the system message."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
@@ -62,7 +82,18 @@ class ShapeResult:
             parts.append("tools=sorted")
         parts.append(f"stable_prefix_tokens={self.stable_prefix_tokens}")
         parts.append(f"template={self.template}")
+        if self.moved:
+            parts.append(f"to=end:{self.moved - self.moved_before_user},user:{self.moved_before_user}")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A conversation's last request's head: the hashes of the units that moved, and of those
+    that stayed (concatenated, 8 characters each: a string costs less than a set)."""
+
+    moved: frozenset[str]
+    stable: str
 
 
 def _tool_name(tool: Any) -> str:
@@ -117,14 +148,16 @@ class PolicyShaper:
         self.policy = policy
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
+        self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
 
     def _canonical(self, obj: Any) -> Any:
-        """``obj`` with every key sorted, at every depth (memoized: tool lists repeat)."""
+        """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
+        memoized: tool lists repeat)."""
         raw = orjson.dumps(obj)
         found = self._canonical_memo.get(raw)
         if found is None:
-            found = orjson.loads(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS))
+            found = orjson.loads(orjson.dumps(canonical_wrapper(obj)))
             if len(self._canonical_memo) > 4096:
                 self._canonical_memo.clear()
             self._canonical_memo[raw] = found
@@ -174,8 +207,9 @@ class PolicyShaper:
                 ordered = sorted(tools, key=_tool_name)
                 result.tools_sorted = ordered != tools
                 body["tools"] = tools = ordered
-        if policy.canonical_json:
+        if policy.canonical_arguments:
             _canonical_arguments(messages)
+        if policy.canonical_json:
             fmt = body.get("response_format")
             if isinstance(fmt, dict):
                 body["response_format"] = self._canonical(fmt)
@@ -203,79 +237,222 @@ class PolicyShaper:
         template: str | None,
     ) -> bytes:
         """Shape the head message; the hashes of its stable units (for the prefix hash)."""
-        policy = self.policy
         content: str | list[Any] = head["content"]
-        rag_block = ""
-        detect = self.detectors.line
-        units: list[Any]
-        joined = isinstance(content, str)
         if isinstance(content, str):
-            text = content
-            if policy.rag.enabled:
-                text, rag_block = _cut_rag(text, policy.rag.markers)
-            units = lines = text.split("\n")
-            texts: list[str | None] = list(units)
-            detected = [detect(t) for t in units]
-            hashes = [d[2] for d in detected]
-        else:
-            units = content
-            texts = _texts(content)
-            lines = [t for t in texts if t is not None]
-            detected = [detect(t) if t is not None else _NOT_TEXT for t in texts]
-            # A non-text part is counted by its JSON (another image is another part).
-            hashes = [
-                h if t is not None else line_hash(orjson.dumps(u).decode())
-                for t, u, (_, _, h) in zip(texts, units, detected, strict=True)
-            ]
+            return self._shape_text(messages, head, content, tool_names, result, stability, writer, template)
+        policy = self.policy
+        detect = self.detectors.line
+        texts = _texts(content)
+        lines = [t for t in texts if t is not None]
+        detected = [detect(t) if t is not None else _NOT_TEXT for t in texts]
+        # A non-text part is counted by its JSON (another image is another part).
+        hashes = [
+            h if t is not None else line_hash(orjson.dumps(u).decode())
+            for t, u, (_, _, h) in zip(texts, content, detected, strict=True)
+        ]
         result.template = template or self._template(lines, tool_names)
-        # A line moves when a detector fires, or when the counts of its template say it
-        # varies; blank lines and non-text parts carry nothing that varies: they stay.
-        if stability is not None and policy.learn:
-            learned = stability.verdicts(
-                result.template, hashes, policy.learn_min_requests, policy.stable_share
-            )
-            stability.observe(result.template, hashes, writer)
-            moving = [
-                d[0] if k is None else (not k and t is not None and bool(t.strip()))
-                for t, d, k in zip(texts, detected, learned, strict=True)
-            ]
-        else:
-            moving = [d[0] for d in detected]
-        volatile = [u for u, m in zip(units, moving, strict=True) if m]
-        stable = [u for u, m in zip(units, moving, strict=True) if not m]
+        moving = self._moving(result.template, texts, [d[0] for d in detected], hashes, stability, writer)
+        volatile = [u for u, m in zip(content, moving, strict=True) if m]
+        stable = [u for u, m in zip(content, moving, strict=True) if not m]
         kept = [t for t, m in zip(texts, moving, strict=True) if not m]
         stable_key = "".join([h for h, m in zip(hashes, moving, strict=True) if not m]).encode()
-        stable_chars = sum(map(len, stable)) if joined else sum(len(t) for t in kept if t is not None)
         has_stable = any(t is None or t.strip() for t in kept)
-        result.stable_prefix_tokens = stable_chars // 4
-        if not has_stable or (not volatile and not rag_block):
-            # Nothing volatile, or nothing but: either way nothing to gain by moving.
+        result.stable_prefix_tokens = sum(len(t) for t in kept if t is not None) // 4
+        if not has_stable or not volatile:
             if has_stable:
-                result.head_stable_chars = len(content) if joined else 0
-                result.head_stable_parts = 0 if joined else len(units)
+                result.head_stable_parts = len(content)
             return stable_key if has_stable else b""
         result.moved = len(volatile)
-        result.rag_moved = bool(rag_block)
-        new_head: str | list[Any]
-        tail: str | list[Any]
-        if joined:
-            instructions = "\n".join(stable)
-            result.head_stable_chars = len(instructions)
-            new_head = instructions.rstrip("\n") + "\n" + rag_block if rag_block else instructions
-            tail = "\n".join(volatile)
-        else:
-            new_head, tail = stable, volatile
-            result.head_stable_parts = len(stable)
+        result.head_stable_parts = len(stable)
         last_user = _last_user_index(messages)
-        if volatile and policy.placement == "before_last_user" and last_user > 0:
-            head["content"] = new_head
-            messages.insert(last_user, {"role": head["role"], "content": tail})
+        if policy.placement == "before_last_user" and last_user > 0:
+            head["content"] = stable
+            messages.insert(last_user, {"role": head["role"], "content": volatile})
+            result.moved_before_user = len(volatile)
         else:
-            shaped = (f"{new_head}\n{tail}" if volatile else new_head) if joined else [*stable, *volatile]
+            shaped = [*stable, *volatile]
             if shaped == content:  # already stable first, volatile last: a shaped request
-                result.moved, result.rag_moved = 0, False
+                result.moved = 0
             head["content"] = shaped
         return stable_key
+
+    def _moving(
+        self,
+        template: str,
+        texts: Sequence[str | None],
+        detected: list[bool],
+        hashes: list[str],
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+    ) -> list[bool]:
+        """Per unit, whether it is volatile: a detector fires, or the counts of its template
+        say it varies; blank units and non-text parts carry nothing that varies: they stay."""
+        policy = self.policy
+        if stability is None or not policy.learn:
+            return detected
+        learned = stability.verdicts(template, hashes, policy.learn_min_requests, policy.stable_share)
+        stability.observe(template, hashes, writer)
+        return [
+            d if k is None else (not k and t is not None and bool(t.strip()))
+            for t, d, k in zip(texts, detected, learned, strict=True)
+        ]
+
+    def _shape_text(
+        self,
+        messages: list[Any],
+        head: dict[str, Any],
+        content: str,
+        tool_names: str,
+        result: ShapeResult,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        template: str | None,
+    ) -> bytes:
+        """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
+        policy = self.policy
+        lines = content.split("\n")
+        units, outside = segment_cached(lines)
+        detect = self.detectors.line
+        verdicts = list(map(detect, lines))
+        texts: list[str] = []
+        detected: list[bool] = []
+        hashes: list[str] = []
+        if len(units) == len(lines):  # one instruction per line: every unit a line
+            texts = lines
+            detected = list(map(_FIRST, verdicts))
+            hashes = list(map(_THIRD, verdicts))
+            units_of_lines: list[Unit] = []
+        else:
+            units_of_lines = units
+        for unit in units_of_lines:
+            if unit.end - unit.start == 1:
+                texts.append(lines[unit.start])
+                detected.append(verdicts[unit.start][0])
+                hashes.append(verdicts[unit.start][2])
+            else:
+                text = unit_text(lines, unit)
+                texts.append(text)
+                detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
+                hashes.append(line_hash(text))
+        rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
+        result.template = template or self._skeleton(
+            lines, outside, units[rag] if rag >= 0 else None, tool_names
+        )
+        moving = self._moving(result.template, texts, detected, hashes, stability, writer)
+        key, previous = self._layout(messages, result.template)
+        if previous is not None:
+            # Within a conversation a unit keeps the place it had: a verdict that changes as the
+            # model learns must not change the prefix of a conversation under way.
+            moved, stable_before = previous.moved, previous.stable
+            if moved:
+                moving = [m or h in moved for m, h in zip(moving, hashes, strict=True)]
+            for i in list(compress(range(len(moving)), moving)):  # the few moving units
+                h = hashes[i]
+                if h not in moved and _has_hash(stable_before, h):
+                    moving[i] = False
+        last_user = _last_user_index(messages)
+        to_end = not (policy.placement == "before_last_user" and last_user > 0)
+        if rag >= 0:
+            moving[rag] = False
+            h = hashes[rag]
+            if (
+                not to_end
+                and previous is not None
+                and h not in previous.moved
+                and not _has_hash(previous.stable, h)
+            ):
+                # Passages retrieved anew for this turn: before the newest user turn, whole, like
+                # any content that changes within the conversation (the history stays cached).
+                moving[rag], rag = True, -1
+        late = self._late(messages, last_user, previous, hashes, moving, detected, to_end)
+        late_idx = list(compress(range(len(units)), late))
+        if _chain_joins(units, lines, late_idx):
+            late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
+        end = [m and not x for m, x in zip(moving, late, strict=True)]
+        order, rag = _place(units, lines, moving, end, rag)
+        stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+        stable_hashes = "".join([hashes[i] for i in stable_idx])
+        stable_key = stable_hashes.encode()
+        if key:
+            self._remember(key, hashes, moving, stable_hashes + (hashes[rag] if rag >= 0 else ""))
+        has_stable = any(texts[i].strip() for i in stable_idx)
+        end_idx = list(compress(range(len(units)), end))
+        late_idx = list(compress(range(len(units)), late))
+        stable_text = "\n".join([texts[i] for i in order if i != rag])
+        result.stable_prefix_tokens = len(stable_text) // 4
+        if not has_stable or (not end_idx and not late_idx and rag < 0):
+            # Nothing volatile, or nothing but: either way nothing to gain by moving.
+            if has_stable:
+                result.head_stable_chars = len(content)
+            return stable_key if has_stable else b""
+        before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
+        result.head_stable_chars = len(before_rag.rstrip("\n"))
+        shaped = "\n".join([texts[i] for i in (*order, *end_idx)])
+        if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
+            return stable_key
+        result.moved = len(end_idx) + len(late_idx)
+        result.moved_before_user = len(late_idx)
+        result.rag_moved = rag >= 0 and order != sorted(order)
+        head["content"] = shaped
+        if late_idx:
+            messages.insert(
+                last_user, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)}
+            )
+        return stable_key
+
+    def _late(
+        self,
+        messages: list[Any],
+        last_user: int,
+        previous: _Layout | None,
+        hashes: list[str],
+        moving: list[bool],
+        detected: list[bool],
+        to_end: bool,
+    ) -> list[bool]:
+        """Per unit, whether it goes before the newest user turn rather than to the end of the
+        system message: only what changes *within* a conversation pays to go there (a
+        per-session value there pushes the previous turn out of the reusable prefix).
+
+        A unit the conversation's previous request had too is per-session (end of the system
+        message); one it did not is per-request (before the newest user turn). In a
+        conversation not seen before, what a detector found (a time, an id) is taken as
+        per-request and what the learned model found (a name, a directory) as per-session."""
+        if to_end or not any(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:last_user]
+        ):
+            # A first turn has no history to keep reusable: the end of the system message is as
+            # good, and the next turn finds it there (its prefix then reaches past it).
+            return [False] * len(moving)
+        if previous is None:
+            return [m and d for m, d in zip(moving, detected, strict=True)]
+        return [m and h not in previous.moved for m, h in zip(moving, hashes, strict=True)]
+
+    def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
+        """The conversation's key (its template and first user message) and what its previous
+        request's head looked like."""
+        key = _conversation(messages, template)
+        return key, (self._conversations.get(key) if key else None)
+
+    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
+        if len(self._conversations) > 5_000:
+            self._conversations.clear()
+        self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+
+    def _skeleton(
+        self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
+    ) -> str:
+        """The template: its tool names and its longest line, masked, outside the elements and
+        code blocks (where memories, retrieved passages and pasted files sit) and the
+        retrieval block."""
+        candidates = [
+            max(lines[a:b], key=len)
+            for a, b in outside
+            if rag is None or not (rag.start <= a and b <= rag.end)
+        ]
+        if not candidates:
+            return self._template(lines, tool_names)
+        return line_hash(self.detectors.line(max(candidates, key=len))[1] + "|" + tool_names)
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
@@ -328,24 +505,101 @@ def _last_user_index(messages: list[Any]) -> int:
     return -1
 
 
-def _cut_rag(text: str, markers: list[tuple[str, str]]) -> tuple[str, str]:
-    """Take the marked retrieval block out of ``text``; (rest, block). Text with two blocks of
-    one kind is left as it is: which one is the retrieved one is a guess, and moving either
-    would reorder them on every pass."""
-    for start_marker, end_marker in markers:
-        start = text.find(start_marker)
-        if start < 0:
+def _has_hash(joined: str, h: str) -> bool:
+    """Whether ``h`` is one of the 8-character hashes concatenated in ``joined``."""
+    at = joined.find(h)
+    while at >= 0:
+        if at % 8 == 0:
+            return True
+        at = joined.find(h, at + 1)
+    return False
+
+
+def _conversation(messages: list[Any], template: str) -> str:
+    """A conversation's key: its template and first user message ("" when it has none)."""
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            raw = content if isinstance(content, str) else orjson.dumps(content).decode()
+            return f"{template}:{line_hash(raw)}"
+    return ""
+
+
+def _rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> int:
+    """The index of the retrieval block: the one unit that opens, on a line of its own, with
+    a marker and closes with it (a marker inside a sentence, a code block or another element
+    is not one); -1 when there is none, or more than one (which is the retrieved one would be
+    a guess, and moving either would reorder them on every pass)."""
+    found = -1
+    for i, unit in enumerate(units):
+        if unit.end - unit.start < 2:
             continue
-        end = text.find(end_marker, start + len(start_marker))
-        if end < 0:
-            continue
-        end += len(end_marker)
-        if text.find(start_marker, end) >= 0:
-            return text, ""
-        before, block, after = text[:start].rstrip("\n"), text[start:end], text[end:].lstrip("\n")
-        if not before.strip() and not after.strip():
-            return text, ""  # nothing but the block: nothing to move it past
-        # Cut out even when it is already last: its lines are never shaped one by one. It
-        # leaves its line breaks behind: the text around it joins with one newline.
-        return "\n".join(part for part in (before, after) if part), block
-    return text, ""
+        first, last = lines[unit.start].strip(), lines[unit.end - 1].strip()
+        if unit.kind == SECTION or first.endswith(":"):
+            # A heading or a lead-in, then the block: they move with it.
+            body = (line.strip() for line in lines[unit.start + 1 : unit.end])
+            first = next((line for line in body if line), "")
+        for start_marker, end_marker in markers:
+            if first.startswith(start_marker) and last.endswith(end_marker):
+                if found >= 0:
+                    return -1
+                found = i
+                break
+    return found
+
+
+def _place(
+    units: list[Unit], lines: list[str], moving: list[bool], end: list[bool], rag: int
+) -> tuple[list[int], int]:
+    """The order of the units staying in the head, and the retrieval block's index (-1 when it
+    stays where it is): stable units in their order, the retrieval block right after the last
+    of them that is not blank. What would land at the end of the head and read as part of the
+    unit before it (after a markdown section, or glued to its last line) stays where it is:
+    the retrieval block, or the units moving to the end (``moving`` and ``end`` updated)."""
+    stable = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+    # Only the last one that is not blank is needed.
+    last_nonblank = next(
+        (n for n in range(len(stable) - 1, -1, -1) if lines[units[stable[n]].start].strip()), -1
+    )
+    nonblank = [last_nonblank] if last_nonblank >= 0 else []
+    if (
+        rag >= 0
+        and nonblank
+        and stable[nonblank[-1]] > rag
+        and _would_join(units, lines, stable[nonblank[-1]], rag)
+    ):
+        return _place(units, lines, moving, end, -1)
+    if any(end) and nonblank:
+        before = rag if rag >= 0 else stable[nonblank[-1]]
+        if _chain_joins(units, lines, [before, *(i for i, e in enumerate(end) if e)]):
+            for i, e in enumerate(end):
+                if e:
+                    moving[i] = end[i] = False
+            return _place(units, lines, moving, end, rag)
+    if rag < 0:
+        return stable, -1
+    last = nonblank[-1] if nonblank else -1
+    return [*stable[: last + 1], rag, *stable[last + 1 :]], rag
+
+
+def _chain_joins(units: list[Unit], lines: list[str], chain: list[int]) -> bool:
+    """Whether any unit of ``chain``, placed right after the one before it, would read as part of it."""
+    return any(_would_join(units, lines, a, b) for a, b in itertools.pairwise(chain))
+
+
+def _would_join(units: list[Unit], lines: list[str], before: int, after: int) -> bool:
+    """Whether unit ``after``, placed right after unit ``before``, would read as part of it."""
+    unit = units[before]
+    if unit.kind == FENCE and (
+        unit.end - unit.start == 1 or lines[unit.end - 1].lstrip()[:3] not in ("```", "~~~")
+    ):
+        return True  # a fence never closed: whatever follows would be inside it
+    if units[before].kind == SECTION:
+        # Anything but a section of the same level or above would read as part of it.
+        if units[after].kind != SECTION:
+            return True
+        return level(lines[units[after].start]) > level(lines[units[before].start])
+    a, b = lines[units[before].end - 1], lines[units[after].start]
+    return (
+        units[after].kind == LINES and units[before].kind == LINES and glued(a, line_kind(a), b, line_kind(b))
+    )

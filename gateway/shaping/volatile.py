@@ -18,22 +18,40 @@ _MONTHS = (
     r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
     r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
 )
+_WEEKDAY = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"
+# Each pattern carries its own case rule: the detectors are joined into one regex, and a
+# global IGNORECASE would turn base64_id's "has an uppercase letter" into "has a letter".
 PATTERNS: dict[Detector, str] = {
     "iso_date": (
         r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
         r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
     ),
     "written_date": (
-        rf"\b(?:{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}"
-        rf"|\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS},? \d{{4}})\b"
+        rf"(?i:\b(?:{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}"
+        rf"|\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS},? \d{{4}})\b)"
     ),
-    "time": r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[ap]\.?m\.?)?\b",
-    "weekday": r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b",
-    "uuid": r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
-    "hex_id": r"\b[0-9a-f]{16,}\b",
-    "base64_id": r"\b(?=[A-Za-z0-9+/_-]*\d)(?=[A-Za-z0-9+/_-]*[A-Z])[A-Za-z0-9+/_-]{24,}={0,2}",
+    "time": r"(?i:\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[ap]\.?m\.?)?\b)",
+    # A weekday is volatile only where it says what day it is ("Today is Friday", "Day:
+    # Friday", "Friday, 3 December"); a rule about a weekday ("never deploy on Friday") is not.
+    "weekday": (
+        rf"(?i:\b(?:today|it|now)(?: is|'s|\u2019s)(?: a)? {_WEEKDAY}\b"
+        rf"|\b(?:day|weekday|day of (?:the )?week)\s*[:=]\s*{_WEEKDAY}\b"
+        rf"|\b{_WEEKDAY},? (?:\d{{1,2}}(?:st|nd|rd|th)?\b|{_MONTHS}\b))"
+    ),
+    "uuid": r"(?i:\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b)",
+    "hex_id": r"(?i:\b(?=[0-9a-f]*\d)[0-9a-f]{16,}\b)",
+    # Random ids mix digits, upper and lower case and have no run of six lowercase letters
+    # (a word: model names such as Qwen2-VL-72B-Instruct); a slash ends one (URL paths).
+    "base64_id": (
+        r"\b(?=[A-Za-z0-9+_-]*\d)(?=[A-Za-z0-9+_-]*[A-Z])(?=[A-Za-z0-9+_-]*[a-z])"
+        r"(?![A-Za-z0-9+_-]*[a-z]{6})[A-Za-z0-9+_-]{24,}={0,2}"
+    ),
     "epoch": r"\b1[5-9]\d{8}(?:\d{3})?\b",
-    "request_id": r"\b(?:req|request|trace|session|conv|msg|call|run)[_-](?:id[_:=-]?)?[A-Za-z0-9]{6,}\b",
+    # The id must hold a digit: "run_command" and "session_history" are names, not ids.
+    "request_id": (
+        r"(?i:\b(?:req|request|trace|session|conv|msg|call|run)[_-](?:id[_:=-]?)?"
+        r"(?=[A-Za-z]*\d)[A-Za-z0-9]{6,}\b)"
+    ),
 }
 MASK = "<*>"
 
@@ -42,8 +60,9 @@ class Detectors:
     """The compiled detectors of one policy, with a bounded memo per line."""
 
     def __init__(self, detectors: list[Detector], extra: list[str], memo_size: int = 20_000) -> None:
-        sources = [PATTERNS[d] for d in detectors] + list(extra)
-        self._regex = re.compile("|".join(f"(?:{s})" for s in sources), re.IGNORECASE) if sources else None
+        # A policy's own regexes match ignoring case, as they always have.
+        sources = [PATTERNS[d] for d in detectors] + [f"(?i:{x})" for x in extra]
+        self._regex = re.compile("|".join(f"(?:{s})" for s in sources)) if sources else None
         self._memo: dict[str, tuple[bool, str, str]] = {}
         self._memo_size = memo_size
 

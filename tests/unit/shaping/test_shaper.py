@@ -77,7 +77,7 @@ def test_an_explicit_template_name_wins() -> None:
     assert "template=support-v2" in result.header()
 
 
-def test_tools_are_sorted_by_name_and_their_schemas_canonical() -> None:
+def test_tools_are_sorted_by_name_and_their_schema_keywords_canonical() -> None:
     body = request(
         INSTRUCTIONS,
         ("user", "hi"),
@@ -86,34 +86,91 @@ def test_tools_are_sorted_by_name_and_their_schemas_canonical() -> None:
     result = shaper().shape(body)
     assert [t["function"]["name"] for t in body["tools"]] == ["add", "search"]
     assert result.tools_sorted
-    assert list(body["tools"][1]["function"]["parameters"]["properties"]) == ["k", "q"]
-    other = request(
-        INSTRUCTIONS,
-        ("user", "hi"),
-        tools=[tool("add", a={}, b={}), tool("search", k={"type": "integer"}, q={"type": "string"})],
-    )
+    # The parameters keep the client's order: it is the order the model reads them in.
+    assert list(body["tools"][1]["function"]["parameters"]["properties"]) == ["q", "k"]
+    assert list(body["tools"][1]["function"]["parameters"]) == ["properties", "required", "type"]
+    # The same tools with their keywords and wrapper keys in another order: the same bytes.
+    other_tools = [tool("add", b={}, a={}), tool("search", q={"type": "string"}, k={"type": "integer"})]
+    for t in other_tools:
+        t["function"] = dict(reversed(list(t["function"].items())))
+        params = t["function"]["parameters"]
+        t["function"]["parameters"] = dict(reversed(list(params.items())))
+    other = request(INSTRUCTIONS, ("user", "hi"), tools=other_tools)
     assert orjson.dumps(other["tools"]) != orjson.dumps(body["tools"])
     assert shaper().shape(other).prefix_hash == result.prefix_hash
     assert orjson.dumps(other["tools"]) == orjson.dumps(body["tools"])
 
 
-def test_tool_call_arguments_and_the_response_schema_are_canonical() -> None:
+def test_tool_call_arguments_keep_their_bytes_and_the_response_schema_is_canonical() -> None:
     body = request(
         INSTRUCTIONS,
         ("user", "hi"),
         response_format={"type": "json_schema", "json_schema": {"schema": {"b": 1, "a": 2}, "name": "x"}},
     )
+    arguments = '{"z": 1e5, "a": [2, 1], "s": "\\u00ed"}'
     body["messages"].append(
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"z": 1, "a": [2, 1]}'}}],
+            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": arguments}}],
         }
     )
     shaper().shape(body)
-    assert body["messages"][-1]["tool_calls"][0]["function"]["arguments"] == '{"a":[2,1],"z":1}'
+    # The bytes the model generated (and the provider cached) stay as they are.
+    assert body["messages"][-1]["tool_calls"][0]["function"]["arguments"] == arguments
     assert list(body["response_format"]["json_schema"]) == ["name", "schema"]
     assert list(body["response_format"]["json_schema"]["schema"]) == ["a", "b"]
+    # A client whose argument order varies can ask for them canonical.
+    shaper(canonical_arguments=True).shape(body)
+    assert body["messages"][-1]["tool_calls"][0]["function"]["arguments"].startswith('{"a":[2,1],')
+
+
+def test_structured_output_properties_keep_their_generation_order() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "steps": {"type": "array", "items": {"type": "string"}},
+            "final_answer": {"type": "string", "enum": ["yes", "no", "unsure"]},
+        },
+        "required": ["steps", "final_answer"],
+        "additionalProperties": False,
+    }
+    body = request(
+        INSTRUCTIONS,
+        ("user", "hi"),
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "r", "strict": True, "schema": schema},
+        },
+    )
+    shaper().shape(body)
+    shaped = body["response_format"]["json_schema"]["schema"]
+    assert list(shaped["properties"]) == ["steps", "final_answer"]
+    assert shaped["required"] == ["steps", "final_answer"]
+    assert shaped["properties"]["final_answer"]["enum"] == ["yes", "no", "unsure"]
+
+
+def test_an_editor_tool_keeps_path_before_the_edit_text() -> None:
+    editor = {
+        "type": "function",
+        "function": {
+            "name": "replace_in_file",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to edit."},
+                    "old_text": {"type": "string"},
+                    "new_text": {"type": "string"},
+                },
+                "required": ["path", "old_text", "new_text"],
+            },
+        },
+    }
+    body = request(INSTRUCTIONS, ("user", "hi"), tools=[editor])
+    shaper().shape(body)
+    params = body["tools"][0]["function"]["parameters"]
+    assert list(params["properties"]) == ["path", "old_text", "new_text"]
+    assert params["required"] == ["path", "old_text", "new_text"]
 
 
 def test_canonicalization_and_sorting_can_be_turned_off() -> None:

@@ -1,0 +1,261 @@
+"""The system prompt's self-contained units: what shaping may move, whole, or not at all.
+
+A line is never moved out of the structure it belongs to. The text is cut, line-aligned,
+into units:
+
+- a **fenced code block** (```` ``` ```` or ``~~~`` up to its closing fence);
+- an **XML-like element** whose opening tag starts a line and whose closing tag ends a
+  later one (``<memories>`` … ``</memories>``; nested elements of the same name counted);
+- a **markdown section**: a heading and everything up to the next heading of its level or
+  above, or a divider line such as ``====`` (its subsections, lists, elements and code
+  blocks included);
+- elsewhere, runs of lines glued together: a lead-in line ending with ``:`` and what
+  follows it, a list (its items and their indented continuations), an indented line and
+  the line it continues, consecutive ``key: value`` lines (a record), a table, and a
+  sentence hard-wrapped over lines (a line without closing punctuation followed by one
+  starting in lowercase);
+- every other line is a unit of its own (a prompt written one instruction per line), and so
+  is every blank line (blank lines never move).
+
+Every line belongs to exactly one unit, units are contiguous and in order: joining the
+units' lines with ``\\n`` gives the text back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_OPEN_TAG = re.compile(r"^\s*<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})(?:\s|$)")
+_BREAK = re.compile(r"^\s{0,3}(?:={3,}|-{3,}|\*{3,}|_{3,})\s*$")
+_ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s")
+_KEY_VALUE = re.compile(r"^[A-Za-z][\w '\u2019()/.-]{0,40}:\s*\S")
+_ENDS_CLAUSE = tuple(".!?;:)]}\"'`>*|…")
+
+# Line kinds: the structural role a line can have by itself (memoized per line text).
+BLANK, HEADING, ITEM, INDENT, TABLE, LEAD_IN, KEY_VALUE, TEXT, BREAK = range(9)
+ELEMENT, FENCE, SECTION, LINES = "element", "fence", "section", "lines"
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Lines ``start`` to ``end`` (exclusive) of the text, and what holds them together."""
+
+    start: int
+    end: int
+    kind: str
+    tag: str = ""
+    """The element's tag name (``kind == "element"``, or a lead-in followed by one)."""
+
+
+_kinds: dict[str, int] = {}
+
+
+def line_kind(line: str) -> int:
+    """What ``line`` is by itself (memoized: a template's lines repeat)."""
+    found = _kinds.get(line)
+    if found is not None:
+        return found
+    stripped = line.strip()
+    if not stripped:
+        kind = BLANK
+    elif _HEADING.match(line):
+        kind = HEADING
+    elif _BREAK.match(line):
+        kind = BREAK
+    elif _ITEM.match(line):
+        kind = ITEM
+    elif line[0] in " \t":
+        kind = INDENT
+    elif stripped[0] == "|":
+        kind = TABLE
+    elif stripped.endswith(":"):
+        kind = LEAD_IN
+    elif len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
+        kind = KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
+    else:
+        kind = TEXT
+    if len(_kinds) > 50_000:
+        _kinds.clear()
+    _kinds[line] = kind
+    return kind
+
+
+def level(heading: str) -> int:
+    """A markdown heading's level (0: not a heading)."""
+    found = _HEADING.match(heading)
+    return len(found.group(1)) if found else 0
+
+
+def glued(a: str, ka: int, b: str, kb: int) -> bool:
+    """Whether line ``b`` belongs with the line ``a`` before it."""
+    if ka == LEAD_IN:
+        return True
+    if kb == INDENT:
+        return True
+    if kb == ITEM and ka in (ITEM, INDENT):
+        return True
+    if ka == kb and ka in (KEY_VALUE, TABLE):
+        return True
+    if kb == LEAD_IN and ka == KEY_VALUE:
+        return True
+    # A sentence hard-wrapped over two lines.
+    return not a.rstrip().endswith(_ENDS_CLAUSE) and b[:1].islower()
+
+
+def _fence_end(lines: list[str], start: int, fence: str) -> int:
+    """The index after the fence opened at ``start`` closes (the end of the text if never)."""
+    for j in range(start + 1, len(lines)):
+        if lines[j].strip().startswith(fence[0] * len(fence)):
+            return j + 1
+    return len(lines)
+
+
+def _element_end(lines: list[str], start: int, tag: str) -> int:
+    """The index after the line closing the element opened at ``start`` (nested elements of
+    its name counted); 0 when it does not close on a later line (then the line is text)."""
+    opening = re.compile(rf"<{re.escape(tag)}(?:\s[^<>]*)?>")
+    closing = f"</{tag}>"
+    first = lines[start]
+    head = _OPEN_TAG.match(first)
+    rest = first[head.end() :] if head else first
+    if closing in rest:
+        return 0  # opened and closed on one line
+    depth, first_close = 1, 0
+    for j in range(start + 1, len(lines)):
+        line = lines[j]
+        if "<" not in line:
+            continue
+        closes = line.count(closing)
+        if closes and not first_close:
+            first_close = j + 1
+        depth += len(opening.findall(line)) - closes
+        if depth <= 0:
+            return j + 1
+    # Unbalanced: up to its first closing tag at least (the larger unit is the safe reading).
+    return first_close
+
+
+def _blocks(lines: list[str]) -> list[tuple[int, int, str, str]]:
+    """Fences and elements as single blocks, every other line as its own: (start, end, kind, tag)."""
+    blocks: list[tuple[int, int, str, str]] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence:
+            end = _fence_end(lines, i, fence.group(1))
+            blocks.append((i, end, FENCE, ""))
+            i = end
+            continue
+        tag = _OPEN_TAG.match(line) if "<" in line else None
+        if tag:
+            end = _element_end(lines, i, tag.group(1))
+            if end:
+                blocks.append((i, end, ELEMENT, tag.group(1)))
+                i = end
+                continue
+        blocks.append((i, i + 1, LINES, ""))
+        i += 1
+    return blocks
+
+
+def segment(lines: list[str]) -> list[Unit]:
+    """Cut ``lines`` into self-contained units (see the module docstring)."""
+    units: list[Unit] = []
+    blocks = _blocks(lines)
+    kinds = [line_kind(lines[b[0]]) if b[2] == LINES else -1 for b in blocks]
+    k, n = 0, len(blocks)
+    while k < n:
+        start, end, kind, tag = blocks[k]
+        if kinds[k] == BLANK:
+            units.append(Unit(start, end, LINES))
+            k += 1
+            continue
+        if kinds[k] == HEADING:
+            # A section holds its subsections: it ends at a heading of its level or above,
+            # or at a divider line (``====``).
+            depth = level(lines[start])
+            last = k
+            j = k + 1
+            while j < n and kinds[j] != BREAK and (kinds[j] != HEADING or level(lines[blocks[j][0]]) > depth):
+                if kinds[j] != BLANK:
+                    last = j
+                j += 1
+            units.append(Unit(start, blocks[last][1], SECTION))
+            k = last + 1
+            continue
+        # A run of glued blocks (an element or fence glues only to a lead-in before it).
+        j = k
+        while j + 1 < n:
+            a, b = blocks[j], blocks[j + 1]
+            ka, kb = kinds[j], kinds[j + 1]
+            if kb in (BLANK, HEADING, BREAK):
+                break
+            if a[2] != LINES or (b[2] != LINES and ka != LEAD_IN):
+                break
+            if b[2] == LINES and not glued(lines[a[1] - 1], ka, lines[b[0]], kb):
+                break
+            j += 1
+        if j == k:
+            units.append(Unit(start, end, kind, tag))
+        else:
+            last_block = blocks[j]
+            glued_tag = last_block[3] if j == k + 1 and kinds[k] == LEAD_IN else ""
+            units.append(Unit(start, last_block[1], ELEMENT if glued_tag else LINES, glued_tag))
+        k = j + 1
+    return units
+
+
+_shape_ids: dict[str, int] = {}
+_plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
+
+
+def _shape_id(line: str) -> int:
+    """An id for everything :func:`segment` reads in ``line``: for an ordinary line its kind,
+    whether it closes a clause, whether it starts in lowercase and its heading level; a line
+    that may open or close an element or a fence is its own shape."""
+    if "<" in line or "`" in line or "~" in line:
+        shape = -1 - len(_shape_ids)
+    else:
+        key = (line_kind(line), line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), level(line))
+        shape = _plain_shapes.setdefault(key, len(_plain_shapes))
+    if len(_shape_ids) > 50_000:
+        _shape_ids.clear()
+    _shape_ids[line] = shape
+    return shape
+
+
+def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]:
+    """:func:`segment`, memoized by the lines' shapes: a template's requests differ in values,
+    rarely in shape, so the per-request cost is a lookup per line. Also the line ranges outside
+    elements and code blocks (where a template's skeleton is read)."""
+    known: list[int | None] = list(map(_shape_ids.get, lines))
+    start = 0
+    while None in known:  # the new lines only (C-speed scans between them)
+        start = known.index(None, start)
+        known[start] = _shape_id(lines[start])
+    key: tuple[int, ...] = tuple(known)  # type: ignore[arg-type]  # no None left
+    found = _segments.get(key)
+    if found is None:
+        units = segment(lines)
+        ranges: list[tuple[int, int]] = []
+        for unit in units:
+            if unit.kind in (ELEMENT, FENCE):
+                continue
+            if ranges and ranges[-1][1] == unit.start:
+                ranges[-1] = (ranges[-1][0], unit.end)
+            else:
+                ranges.append((unit.start, unit.end))
+        if len(_segments) > 4096:
+            _segments.clear()
+        found = _segments[key] = (units, ranges)
+    return found
+
+
+def unit_text(lines: list[str], unit: Unit) -> str:
+    """The unit's bytes: its lines joined with ``\\n``."""
+    return "\n".join(lines[unit.start : unit.end])
