@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter, not_
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -50,6 +50,19 @@ _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
 _FIRST, _THIRD = itemgetter(0), itemgetter(2)
+_HEADS_KEPT = 128  # head texts read and kept per policy (a 12k-token prompt is ~50 kB)
+
+
+class _Head(NamedTuple):
+    """A head's text as read (see :meth:`PolicyShaper._read_head`); shared, never mutated."""
+
+    lines: list[str]
+    units: list[Unit]
+    texts: list[str]
+    detected: list[bool]
+    hashes: list[str]
+    rag: int
+    skeleton: str
 
 
 @dataclass(slots=True)
@@ -150,6 +163,9 @@ class PolicyShaper:
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
+        # What a head's text reads as (units, verdicts, hashes, skeleton) depends on the text
+        # alone: a system prompt sent again, as most are, is read once (bounded, oldest out).
+        self._heads: dict[tuple[str, str], _Head] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -310,34 +326,15 @@ class PolicyShaper:
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         policy = self.policy
-        lines = content.split("\n")
-        units, outside = segment_cached(lines)
-        detect = self.detectors.line
-        verdicts = list(map(detect, lines))
-        texts: list[str] = []
-        detected: list[bool] = []
-        hashes: list[str] = []
-        if len(units) == len(lines):  # one instruction per line: every unit a line
-            texts = lines
-            detected = list(map(_FIRST, verdicts))
-            hashes = list(map(_THIRD, verdicts))
-            units_of_lines: list[Unit] = []
-        else:
-            units_of_lines = units
-        for unit in units_of_lines:
-            if unit.end - unit.start == 1:
-                texts.append(lines[unit.start])
-                detected.append(verdicts[unit.start][0])
-                hashes.append(verdicts[unit.start][2])
-            else:
-                text = unit_text(lines, unit)
-                texts.append(text)
-                detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
-                hashes.append(line_hash(text))
-        rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
-        result.template = template or self._skeleton(
-            lines, outside, units[rag] if rag >= 0 else None, tool_names
-        )
+        head_key = (content, tool_names)
+        read = self._heads.get(head_key)
+        if read is None:
+            read = self._read_head(content, tool_names)
+            if len(self._heads) >= _HEADS_KEPT:
+                del self._heads[next(iter(self._heads))]
+            self._heads[head_key] = read
+        lines, units, texts, detected, hashes, rag, skeleton = read
+        result.template = template or skeleton
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
         key, previous = self._layout(messages, result.template)
         if previous is not None:
@@ -399,6 +396,37 @@ class PolicyShaper:
                 last_user, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)}
             )
         return stable_key
+
+    def _read_head(self, content: str, tool_names: str) -> _Head:
+        """What a head's text reads as: its lines, units, each unit's text, whether a detector
+        fired in it and its hash, the retrieval block (-1: none) and the template skeleton."""
+        lines = content.split("\n")
+        units, outside = segment_cached(lines)
+        verdicts = list(map(self.detectors.line, lines))
+        texts: list[str] = []
+        detected: list[bool] = []
+        hashes: list[str] = []
+        if len(units) == len(lines):  # one instruction per line: every unit a line
+            texts = lines
+            detected = list(map(_FIRST, verdicts))
+            hashes = list(map(_THIRD, verdicts))
+            units_of_lines: list[Unit] = []
+        else:
+            units_of_lines = units
+        for unit in units_of_lines:
+            if unit.end - unit.start == 1:
+                texts.append(lines[unit.start])
+                detected.append(verdicts[unit.start][0])
+                hashes.append(verdicts[unit.start][2])
+            else:
+                text = unit_text(lines, unit)
+                texts.append(text)
+                detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
+                hashes.append(line_hash(text))
+        policy = self.policy
+        rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
+        skeleton = self._skeleton(lines, outside, units[rag] if rag >= 0 else None, tool_names)
+        return _Head(lines, units, texts, detected, hashes, rag, skeleton)
 
     def _late(
         self,
