@@ -31,6 +31,8 @@ FOREIGN_FLAGS = {
     "--flag", "--no-flag", "--no-",
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--build", "--profile", "--cluster-enabled", "--check", "--strict",
+    # bench/shaping.py
+    "--cost-only",
 }  # fmt: skip
 
 
