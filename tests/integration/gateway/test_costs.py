@@ -58,8 +58,14 @@ tiers: {{fast: [sim-fast]}}
     assert abs(today["deployments"]["sim-fast"]["cost_usd"] - expected) < 1e-8
     assert today["cached_tokens"] == cached_seen
 
-    lines = [line for line in gw.log_lines() if line.get("event") == "request"]
-    assert abs(sum(line["cost_usd"] for line in lines) - expected) < 1e-8
+    def request_lines() -> list[Any]:
+        return [line for line in gw.log_lines() if line.get("event") == "request"]
+
+    # The log is written by its own thread: the third line may still be on its way.
+    while len(request_lines()) < 3:
+        assert time.monotonic() < deadline + 3
+        time.sleep(0.1)
+    assert abs(sum(line["cost_usd"] for line in request_lines()) - expected) < 1e-8
     stats = admin(gw, "GET", "/admin/stats?since=5m")[1]
     assert abs(stats["keys"][made["id"]]["cost_usd"] - expected) < 1e-8
     spend = next(r for r in admin(gw, "GET", "/admin/keys")[1]["data"] if r["id"] == made["id"])
