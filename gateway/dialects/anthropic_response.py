@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from gateway.providers.sse import complete_events, event_data
+
 STOP_REASONS = {
     "end_turn": "stop",
     "stop_sequence": "stop",
@@ -145,19 +147,12 @@ class MessagesStreamScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return the OpenAI chunks they complete."""
-        data = (self._tail + chunk).replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._tail = data
-            return b""
-        self._tail = data[end + 2 :]
+        events, self._tail = complete_events(self._tail, chunk)
         out: list[bytes] = []
-        for event in data[: end + 2].split(b"\n\n"):
-            if not event or self.malformed is not None:
+        for event in events:
+            if self.malformed is not None:
                 continue
-            payload = b"\n".join(
-                line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
-            )
+            payload = event_data(event)
             if not payload:
                 continue  # a comment or an event name alone
             try:

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.anthropic_inbound import FINISH_TO_STOP, anthropic_usage
+from gateway.providers.sse import complete_events, event_data
 
 
 def event(kind: str, payload: dict[str, Any]) -> bytes:
@@ -33,15 +34,10 @@ class ChunksToEvents:
 
     def feed(self, data: bytes) -> bytes:
         """Translate the complete events in ``data``."""
-        data = (self._tail + data).replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._tail = data
-            return b""
-        self._tail = data[end + 2 :]
+        events, self._tail = complete_events(self._tail, data)
         out: list[bytes] = []
-        for raw in data[:end].split(b"\n\n"):
-            payload = b"\n".join(l[5:].lstrip() for l in raw.split(b"\n") if l.startswith(b"data:"))  # noqa: E741
+        for raw in events:
+            payload = event_data(raw)
             if payload == b"[DONE]":
                 out.append(self.finish())
             elif payload:

@@ -93,7 +93,7 @@ class StreamScanner:
         size = len(sep)
         for event in block[:-size].split(sep):
             stop = offset + len(event) + size
-            payload = _data_of(event)
+            payload = event_data(event)
             if payload is None:  # a comment, or an event without data (passed through)
                 offset = stop
                 continue
@@ -136,7 +136,17 @@ def _joined(pieces: list[bytes] | None, block: bytes, start: int, stop: int) -> 
     return b"".join(pieces)
 
 
-def _data_of(event: bytes) -> bytes | None:
+def complete_events(tail: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
+    """The complete events in ``tail + chunk`` (line ends normalized), and the bytes after the
+    last of them: for a translator that reads another dialect's events whole."""
+    data = (tail + chunk).replace(b"\r\n", b"\n")
+    end = data.rfind(b"\n\n")
+    if end < 0:
+        return [], data
+    return [event for event in data[:end].split(b"\n\n") if event], data[end + 2 :]
+
+
+def event_data(event: bytes) -> bytes | None:
     """An event's data (several ``data:`` lines joined by newlines), ``None`` when it has
     none (an SSE comment such as ``: keep-alive``, or only ``event:``/``id:`` fields)."""
     if event.startswith(b"data:") and b"\n" not in event:
