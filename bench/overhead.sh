@@ -6,14 +6,22 @@
 # /v1/responses (translated to chat for the canned upstream); they run on the gateway only
 # and are compared with the direct run of `nonstream` / `stream` in the same round.
 #
-# Usage: bash bench/overhead.sh [--litellm] [--workers N] [--duration S] [--out FILE]
-#                               [--warmup S] [--concurrency "1 16 64"] [--modes "nonstream stream"]
+# --full adds a second gateway with every feature on (shaping, routing through the classifier,
+# prices); the first then runs as a pass-through (shaping off, the model named directly).
+# --peers adds Portkey's gateway (Node). --hold N holds N SSE streams open at once through
+# every target (bench/hold.py) and reports completions, time to first byte and peak RSS.
+#
+# Usage: bash bench/overhead.sh [--litellm] [--peers] [--full] [--workers N] [--duration S]
+#                               [--out FILE] [--warmup S] [--concurrency "1 16 64"]
+#                               [--stream-concurrency "16 64"] [--modes "nonstream stream"|none]
+#                               [--hold N] [--hold-ramp S]
 #                               [--repeat N] [--wrk-threads N] [--baseline FILE] [--strict] [--keep]
 #                               [--profile] [--wait-quiet S] [--key none|unlimited|limited]
 #
 # Environment: VENV (the venv whose bin/switchyard to run), SWITCHYARD (the binary itself),
 # NGINX (default /usr/sbin/nginx), WRK (default wrk), PYTHON (runs report.py, default python3),
-# LITELLM_VENV (default bench/.litellm-venv), LITELLM_SPEC (default 'litellm[proxy]'),
+# LITELLM_VENV (default bench/.litellm-venv), LITELLM_SPEC (default 'litellm[proxy]==1.108.7'),
+# PORTKEY_DIR (default bench/.portkey), NODE, NPM (default node, npm on PATH),
 # PY_SPY (for --profile; default: py-spy next to switchyard, else on PATH).
 set -euo pipefail
 
@@ -21,6 +29,11 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(dirname "$BENCH_DIR")
 
 USE_LITELLM=0
+USE_PEERS=0
+USE_FULL=0
+HOLD_STREAMS=0
+HOLD_RAMP_S=2
+STREAM_CONCURRENCY=""
 WORKERS=1
 DURATION_S=10
 WARMUP_S=3
@@ -49,6 +62,11 @@ die() {
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --litellm) USE_LITELLM=1 ;;
+    --peers) USE_PEERS=1 ;;
+    --full) USE_FULL=1 ;;
+    --hold) HOLD_STREAMS=${2:?--hold needs a number of streams}; shift ;;
+    --hold-ramp) HOLD_RAMP_S=${2:?--hold-ramp needs seconds}; shift ;;
+    --stream-concurrency) STREAM_CONCURRENCY=${2:?--stream-concurrency needs a list}; shift ;;
     --workers) WORKERS=${2:?--workers needs a number}; shift ;;
     --duration) DURATION_S=${2:?--duration needs seconds}; shift ;;
     --warmup) WARMUP_S=${2:?--warmup needs seconds}; shift ;;
@@ -76,13 +94,26 @@ done
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 [[ $WAIT_QUIET_S =~ ^[0-9]+$ ]] || die "--wait-quiet must be whole seconds"
 [[ $KEY_MODE == none || $KEY_MODE == unlimited || $KEY_MODE == limited ]] || die "--key: none, unlimited or limited"
+[[ $HOLD_STREAMS =~ ^[0-9]+$ ]] || die "--hold must be a whole number of streams"
+[[ $HOLD_RAMP_S =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--hold-ramp must be seconds"
+# --modes none: no wrk runs (e.g. only --hold).
+[[ $MODES == none ]] && MODES=""
 for m in $MODES; do
   [[ $m == nonstream || $m == stream || $m == responses || $m == resp-stream ]] ||
     die "--modes: unknown mode '$m' (nonstream, stream, responses, resp-stream)"
 done
-for c in $CONCURRENCY; do
+for c in $CONCURRENCY $STREAM_CONCURRENCY; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: not a number: '$c'"
 done
+# mode_concurrency MODE: the connection counts a mode runs at (--stream-concurrency for the
+# stream modes when given, else --concurrency).
+mode_concurrency() {
+  if [[ -n $STREAM_CONCURRENCY && ($1 == stream || $1 == resp-stream) ]]; then
+    echo "$STREAM_CONCURRENCY"
+  else
+    echo "$CONCURRENCY"
+  fi
+}
 
 # --- tools -------------------------------------------------------------------------------
 
@@ -106,13 +137,31 @@ if [[ -z ${PYTHON:-} ]]; then
   [[ -z $PYTHON && -n $SWITCHYARD ]] && PYTHON=$(dirname "$SWITCHYARD")/python
 fi
 LITELLM_VENV=${LITELLM_VENV:-$BENCH_DIR/.litellm-venv}
-LITELLM_SPEC=${LITELLM_SPEC:-litellm[proxy]}
+LITELLM_SPEC=${LITELLM_SPEC:-litellm[proxy]==1.108.7}
+PORTKEY_DIR=${PORTKEY_DIR:-$BENCH_DIR/.portkey}
+NODE=${NODE:-$(command -v node || true)}
+NPM=${NPM:-$(command -v npm || true)}
 
 [[ -x $NGINX ]] || die "nginx not found at $NGINX (apt-get install nginx-light, or set NGINX)"
 [[ -n $WRK && -x $WRK ]] || die "wrk not found (apt-get install wrk, or set WRK)"
 [[ -n $SWITCHYARD && -x $SWITCHYARD ]] || die "switchyard not found: set VENV=<venv> or SWITCHYARD=<path>, or put it on PATH"
 [[ -n $PYTHON ]] || die "python3 not found (set PYTHON)"
 command -v curl >/dev/null 2>&1 || die "curl not found"
+if [[ $USE_PEERS == 1 ]]; then
+  [[ -n $NODE && -x $NODE && -n $NPM && -x $NPM ]] ||
+    die "--peers needs node (>= 18) and npm: apt-get install nodejs npm (or set NODE and NPM)"
+fi
+# The Python that runs bench/hold.py needs aiohttp: the gateway's own interpreter has it.
+HOLD_PYTHON=${HOLD_PYTHON:-$(dirname "$SWITCHYARD")/python}
+if ((HOLD_STREAMS > 0)); then
+  [[ -x $HOLD_PYTHON ]] && "$HOLD_PYTHON" -c 'import aiohttp' 2>/dev/null ||
+    die "--hold needs a Python with aiohttp (the gateway's venv); set HOLD_PYTHON"
+fi
+# wrk at c=256 and --hold 1000 need thousands of sockets (client, gateway and upstream
+# sides): raise the soft limit on open files to the hard one for every process started here.
+if (($(ulimit -n) < 16384)); then ulimit -n "$(ulimit -Hn)" 2>/dev/null || true; fi
+need_fds=$((HOLD_STREAMS * 3 + 1024))
+(($(ulimit -n) >= need_fds)) || log_early="WARNING: ulimit -n is $(ulimit -n); --hold $HOLD_STREAMS wants about $need_fds"
 if [[ $PROFILE == 1 ]]; then
   if [[ -z ${PY_SPY:-} ]]; then
     PY_SPY=$(dirname "$SWITCHYARD")/py-spy
@@ -127,6 +176,7 @@ mkdir -p "$(dirname "$OUT")"
 CLK_TCK=$(getconf CLK_TCK)
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+[[ -n ${log_early:-} ]] && log "$log_early"
 
 # --- processes we start, and their cleanup -----------------------------------------------
 
@@ -245,6 +295,8 @@ busy_pct() {
   read -r t1 i1 <<<"$(machine_ticks)"
   echo $((100 * ((t1 - t0) - (i1 - i0)) / (t1 - t0 > 0 ? t1 - t0 : 1)))
 }
+# The load average before anything here starts: other work on the machine (in the JSON).
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 deadline=$((SECONDS + WAIT_QUIET_S))
 while :; do
   BUSY_BEFORE=$(busy_pct 2)
@@ -258,11 +310,11 @@ done
 
 # --- canned upstream ----------------------------------------------------------------------
 
-read -r JSON_PORT SSE_PORT GW_PORT LL_PORT <<<"$(free_ports 4)"
+read -r JSON_PORT SSE_PORT GW_PORT LL_PORT FULL_PORT PK_PORT <<<"$(free_ports 6)"
 mkdir -p "$WORK/nginx/tmp"
 sed -e "s/@JSON_PORT@/$JSON_PORT/g" -e "s/@SSE_PORT@/$SSE_PORT/g" \
   "$BENCH_DIR/nginx/nginx.conf.template" >"$WORK/nginx/nginx.conf"
-log "canned upstream: nginx on :$JSON_PORT (chat.completion JSON) and :$SSE_PORT (SSE, 20 chunks)"
+log "canned upstream: nginx on :$JSON_PORT (chat.completion JSON) and :$SSE_PORT (SSE, 20 chunks; /slow/v1 paced over ~5 s)"
 start nginx "$WORK/nginx/stdout.log" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx/nginx.conf"
 NGINX_PID=$START_PID
 if ! { wait_http "http://127.0.0.1:$JSON_PORT/v1/models" 10 "$NGINX_PID" &&
@@ -271,67 +323,181 @@ if ! { wait_http "http://127.0.0.1:$JSON_PORT/v1/models" 10 "$NGINX_PID" &&
   die "nginx did not start"
 fi
 
-# --- the gateway --------------------------------------------------------------------------
+# --- the gateway(s) -----------------------------------------------------------------------
 
-cat >"$WORK/policy.yaml" <<EOF
+# canned-slow (the paced stream) serves --hold; its pool is sized for every held stream at
+# once (the default pool, 256 connections, would queue the rest: that would measure the
+# pool size, not the gateway).
+slow_pool=$((HOLD_STREAMS + 64 > 256 ? HOLD_STREAMS + 64 : 256))
+# write_policy FILE pass|default|full
+write_policy() {
+  local file=$1 kind=$2 price=""
+  [[ $kind == full ]] && price=", price: {input: 0.4, cached_input: 0.1, output: 1.6}"
+  cat >"$file" <<EOF
 deployments:
-  canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1", responses_api: translate}
-  canned-stream: {base_url: "http://127.0.0.1:$SSE_PORT/v1", responses_api: translate}
+  canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1", responses_api: translate$price}
+  canned-stream: {base_url: "http://127.0.0.1:$SSE_PORT/v1", responses_api: translate$price}
+  canned-slow: {base_url: "http://127.0.0.1:$SSE_PORT/slow/v1", max_connections: $slow_pool$price}
 tiers:
   fast: [canned]
   strong: [canned-stream]
+  slow: [canned-slow]
 EOF
-GW_ARGS=(serve --policy "$WORK/policy.yaml" --host 127.0.0.1 --port "$GW_PORT")
-[[ $WORKERS == 1 ]] || GW_ARGS+=(--workers "$WORKERS")
-log "gateway: $SWITCHYARD ${GW_ARGS[*]} (embedded Redis)"
-GW_ENV=()
+  case $kind in
+    pass) printf 'shaping: {enabled: false}\n' >>"$file" ;;
+    full)
+      # Every request goes through the router: features, the rules, then the shipped ngram
+      # classifier. The canned upstream answers JSON or SSE by port, not by the request, so
+      # the stream models are pinned to their tiers by rules (features are still extracted;
+      # the classifier scores the non-stream requests), and threshold 1.0 keeps the scored
+      # ones on the JSON deployment.
+      cat >>"$file" <<EOF
+routing:
+  route_all: true
+  rules:
+    - {name: bench_stream, when: {model: canned-stream}, tier: strong}
+    - {name: bench_slow, when: {model: canned-slow}, tier: slow}
+  classifier: {name: ngram}
+  threshold: 1.0
+EOF
+      ;;
+  esac
+}
+
 ADMIN_KEY=bench-admin-key
-# --key unlimited|limited: the gateway requires a virtual key (checked on every request,
-# cached in process); limited also gives it RPM/TPM far above the load, so every request
-# runs the Lua rate limiter in Redis and charges its tokens.
-[[ $KEY_MODE == none ]] || GW_ENV=(SWITCHYARD_AUTH=keys SWITCHYARD_ADMIN_KEY=$ADMIN_KEY)
-start gateway "$WORK/gateway.log" env -u REDIS_URL "${GW_ENV[@]}" "$SWITCHYARD" "${GW_ARGS[@]}"
-GW_PID=$START_PID
-gw_up=0
-deadline=$((SECONDS + 60))
-while ((SECONDS < deadline)); do
-  kill -0 "$GW_PID" 2>/dev/null || break
-  code=$(http_status "http://127.0.0.1:$GW_PORT/healthz")
-  if [[ $code == 200 ]]; then gw_up=1; break; fi
-  if [[ $code =~ ^[1-5][0-9][0-9]$ ]] &&
-    [[ $(http_status "http://127.0.0.1:$GW_PORT/v1/models") == 200 ]]; then
-    # Listening and serving the API, but /healthz is broken: say so, and go on.
-    log "WARNING: gateway /healthz answered HTTP $code, /v1/models answers 200: benchmarking anyway"
-    GW_HEALTHZ_WARNING="GET /healthz answered HTTP $code"
-    gw_up=1
-    break
-  fi
-  sleep 0.2
-done
-if [[ $gw_up != 1 ]]; then
-  tail -n 30 "$WORK/gateway.log" >&2 || true
-  die "gateway did not become healthy (log: $WORK/gateway.log)"
-fi
-if [[ $WORKERS -gt 1 ]]; then
-  # Wait until every worker has bound the port (each answers /healthz with its own pid).
-  deadline=$((SECONDS + 30))
+# start_gateway NAME POLICY PORT: starts `switchyard serve`, waits until it (and every
+# worker) is up; sets START_PID.
+start_gateway() {
+  local name=$1 policy=$2 port=$3 pid code gw_up=0 deadline n
+  local args=(serve --policy "$policy" --host 127.0.0.1 --port "$port")
+  [[ $WORKERS == 1 ]] || args+=(--workers "$WORKERS")
+  log "$name: $SWITCHYARD ${args[*]} (embedded Redis)"
+  local env=()
+  # --key unlimited|limited: the gateway requires a virtual key (checked on every request,
+  # cached in process); limited also gives it RPM/TPM far above the load, so every request
+  # runs the Lua rate limiter in Redis and charges its tokens.
+  [[ $KEY_MODE == none ]] || env=(SWITCHYARD_AUTH=keys SWITCHYARD_ADMIN_KEY=$ADMIN_KEY)
+  start "$name" "$WORK/$name.log" env -u REDIS_URL "${env[@]}" "$SWITCHYARD" "${args[@]}"
+  pid=$START_PID
+  deadline=$((SECONDS + 60))
   while ((SECONDS < deadline)); do
-    n=$(ps -e -o pgid=,comm= | awk -v g="$GW_PID" '$1 == g && $2 != "redis-server"' | wc -l)
-    ((n >= WORKERS + 1)) && break
+    kill -0 "$pid" 2>/dev/null || break
+    code=$(http_status "http://127.0.0.1:$port/healthz")
+    if [[ $code == 200 ]]; then gw_up=1; break; fi
+    if [[ $code =~ ^[1-5][0-9][0-9]$ ]] &&
+      [[ $(http_status "http://127.0.0.1:$port/v1/models") == 200 ]]; then
+      # Listening and serving the API, but /healthz is broken: say so, and go on.
+      log "WARNING: $name /healthz answered HTTP $code, /v1/models answers 200: benchmarking anyway"
+      GW_HEALTHZ_WARNING="GET /healthz answered HTTP $code"
+      gw_up=1
+      break
+    fi
     sleep 0.2
   done
-  sleep 1
-fi
-log "gateway up on :$GW_PORT ($WORKERS worker(s))"
-GW_KEY=sk-bench-dummy
-if [[ $KEY_MODE != none ]]; then
-  limits=""
+  if [[ $gw_up != 1 ]]; then
+    tail -n 30 "$WORK/$name.log" >&2 || true
+    die "$name did not become healthy (log: $WORK/$name.log)"
+  fi
+  if [[ $WORKERS -gt 1 ]]; then
+    # Wait until every worker has bound the port (each answers /healthz with its own pid).
+    deadline=$((SECONDS + 30))
+    while ((SECONDS < deadline)); do
+      n=$(ps -e -o pgid=,comm= | awk -v g="$pid" '$1 == g && $2 != "redis-server"' | wc -l)
+      ((n >= WORKERS + 1)) && break
+      sleep 0.2
+    done
+    sleep 1
+  fi
+  log "$name up on :$port ($WORKERS worker(s))"
+  START_PID=$pid
+}
+
+# create_key PORT: a virtual key for --key unlimited|limited, printed.
+create_key() {
+  local limits=""
   [[ $KEY_MODE == limited ]] && limits=', "rpm": 1000000000, "tpm": 1000000000000'
-  GW_KEY=$(curl -sS --max-time 5 -X POST "http://127.0.0.1:$GW_PORT/admin/keys" \
+  curl -sS --max-time 5 -X POST "http://127.0.0.1:$1/admin/keys" \
     -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
-    -d "{\"name\": \"bench\"$limits}" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["key"])') ||
-    die "could not create a virtual key for --key $KEY_MODE"
+    -d "{\"name\": \"bench\"$limits}" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["key"])'
+}
+
+# Without --full the gateway runs the default policy (shaping on, as a user gets it); with
+# --full it is the pass-through next to the fully featured one.
+GW_POLICY_KIND=default
+[[ $USE_FULL == 1 ]] && GW_POLICY_KIND=pass
+write_policy "$WORK/policy.yaml" "$GW_POLICY_KIND"
+start_gateway gateway "$WORK/policy.yaml" "$GW_PORT"
+GW_PID=$START_PID
+GW_KEY=sk-bench-dummy
+FULL_PID=""
+FULL_KEY=sk-bench-dummy
+if [[ $USE_FULL == 1 ]]; then
+  write_policy "$WORK/policy-full.yaml" full
+  start_gateway full "$WORK/policy-full.yaml" "$FULL_PORT"
+  FULL_PID=$START_PID
+fi
+if [[ $KEY_MODE != none ]]; then
+  GW_KEY=$(create_key "$GW_PORT") || die "could not create a virtual key for --key $KEY_MODE"
+  if [[ -n $FULL_PID ]]; then
+    FULL_KEY=$(create_key "$FULL_PORT") || die "could not create a virtual key for --key $KEY_MODE"
+  fi
   log "virtual key ($KEY_MODE) created"
+fi
+
+# --- Portkey (optional, --peers) ----------------------------------------------------------
+
+PORTKEY_STATUS="not requested"
+PORTKEY_VERSION=""
+PK_PID=""
+# Portkey's gateway 1.15.2 with @hono/node-server and hono pinned to the versions its own
+# lockfile has: newer ones answer every stream with a 500.
+PORTKEY_PACKAGES='"@portkey-ai/gateway": "1.15.2", "@hono/node-server": "1.13.5", "hono": "4.9.7"'
+setup_portkey() {
+  local entry=$PORTKEY_DIR/node_modules/@portkey-ai/gateway/build/start-server.js
+  if [[ ! -f $entry || ! -f $PORTKEY_DIR/.installed ]]; then
+    log "Portkey: npm install into $PORTKEY_DIR (a minute)"
+    mkdir -p "$PORTKEY_DIR"
+    cat >"$PORTKEY_DIR/package.json" <<EOF
+{
+  "name": "switchyard-bench-portkey",
+  "private": true,
+  "description": "Portkey's gateway for bench/overhead.sh --peers (written by the script)",
+  "dependencies": {$PORTKEY_PACKAGES},
+  "overrides": {"@hono/node-server": "1.13.5", "hono": "4.9.7"}
+}
+EOF
+    if ! (cd "$PORTKEY_DIR" && "$NPM" install --no-audit --no-fund --ignore-scripts) \
+      >"$WORK/portkey-install.log" 2>&1; then
+      tail -n 15 "$WORK/portkey-install.log" >&2
+      PORTKEY_STATUS="npm install failed (see $WORK/portkey-install.log)"
+      return 1
+    fi
+    touch "$PORTKEY_DIR/.installed"
+  fi
+  PORTKEY_VERSION=$("$NODE" -p 'require(process.argv[1]).version' \
+    "$PORTKEY_DIR/node_modules/@portkey-ai/gateway/package.json" 2>/dev/null || echo unknown)
+  # start-server.js takes --port=N and --headless (no web UI, no log stream) but no host:
+  # bench/portkey/loopback.mjs, loaded first, binds its listening socket to 127.0.0.1.
+  log "Portkey $PORTKEY_VERSION: node $entry --port=$PK_PORT --headless (bound to 127.0.0.1)"
+  start portkey "$WORK/portkey.log" "$NODE" \
+    --import "$BENCH_DIR/portkey/loopback.mjs" "$entry" "--port=$PK_PORT" --headless
+  PK_PID=$START_PID
+  # Any path answers once it listens (GET / is its banner page).
+  if ! wait_http "http://127.0.0.1:$PK_PORT/" 30 "$PK_PID"; then
+    tail -n 20 "$WORK/portkey.log" >&2 || true
+    PORTKEY_STATUS="did not start (see $WORK/portkey.log)"
+    stop_group "$PK_PID"
+    PK_PID=""
+    return 1
+  fi
+  PORTKEY_STATUS="ok"
+  log "Portkey up on :$PK_PORT"
+}
+if [[ $USE_PEERS == 1 ]]; then
+  if ! setup_portkey; then
+    log "WARNING: Portkey $PORTKEY_STATUS; continuing without it"
+    KEEP=1
+  fi
 fi
 
 # --- LiteLLM (optional) -------------------------------------------------------------------
@@ -402,32 +568,67 @@ fi
 # --- targets ------------------------------------------------------------------------------
 
 TARGETS=(direct gateway)
+[[ -n $FULL_PID ]] && TARGETS+=(full)
+[[ -n $PK_PID ]] && TARGETS+=(portkey)
 [[ -n $LL_PID ]] && TARGETS+=(litellm)
 
 # target_url TARGET MODE; target_model TARGET MODE; target_pgid TARGET
+# Mode `hold` is the paced stream of --hold (nginx's /slow/v1).
 target_url() {
   case "$1:$2" in
     direct:nonstream) echo "http://127.0.0.1:$JSON_PORT/v1/chat/completions" ;;
     direct:stream) echo "http://127.0.0.1:$SSE_PORT/v1/chat/completions" ;;
+    direct:hold) echo "http://127.0.0.1:$SSE_PORT/slow/v1/chat/completions" ;;
     gateway:responses | gateway:resp-stream) echo "http://127.0.0.1:$GW_PORT/v1/responses" ;;
     gateway:*) echo "http://127.0.0.1:$GW_PORT/v1/chat/completions" ;;
+    full:responses | full:resp-stream) echo "http://127.0.0.1:$FULL_PORT/v1/responses" ;;
+    full:*) echo "http://127.0.0.1:$FULL_PORT/v1/chat/completions" ;;
+    portkey:*) echo "http://127.0.0.1:$PK_PORT/v1/chat/completions" ;;
     litellm:*) echo "http://127.0.0.1:$LL_PORT/v1/chat/completions" ;;
   esac
 }
-target_model() { if [[ $2 == stream || $2 == resp-stream ]]; then echo canned-stream; else echo canned; fi; }
-# mode_targets MODE: the targets a mode runs on (the Responses modes only on the gateway).
+target_model() {
+  case $2 in
+    stream | resp-stream) echo canned-stream ;;
+    hold) echo canned-slow ;;
+    *) echo canned ;;
+  esac
+}
+# mode_targets MODE: the targets a mode runs on (the Responses modes only on Switchyard).
 mode_targets() {
-  if [[ $1 == responses || $1 == resp-stream ]]; then echo gateway; else echo "${TARGETS[@]}"; fi
+  if [[ $1 == responses || $1 == resp-stream ]]; then
+    echo gateway
+    [[ -z $FULL_PID ]] || echo full
+  else
+    echo "${TARGETS[@]}"
+  fi
 }
 target_pgid() {
   case "$1" in
     direct) echo "$NGINX_PID" ;;
     gateway) echo "$GW_PID" ;;
+    full) echo "$FULL_PID" ;;
+    portkey) echo "$PK_PID" ;;
     litellm) echo "$LL_PID" ;;
   esac
 }
 target_key() {
-  if [[ $1 == litellm ]]; then echo "$LL_KEY"; elif [[ $1 == gateway ]]; then echo "$GW_KEY"; else echo sk-bench-dummy; fi
+  case "$1" in
+    litellm) echo "$LL_KEY" ;;
+    gateway) echo "$GW_KEY" ;;
+    full) echo "$FULL_KEY" ;;
+    *) echo sk-bench-dummy ;;
+  esac
+}
+# target_headers TARGET MODE: extra request headers, '|'-separated (wrk/common.lua's
+# BENCH_HEADERS). Portkey is told the provider and the upstream per request, as its docs
+# show for a self-hosted OpenAI-compatible server: x-portkey-custom-host replaces the
+# provider's base URL, /v1 included (it appends /chat/completions).
+target_headers() {
+  [[ $1 == portkey ]] || return 0
+  local url
+  url=$(target_url direct "$2")
+  echo "x-portkey-provider: openai|x-portkey-custom-host: ${url%/chat/completions}"
 }
 mode_script() {
   case "$1" in
@@ -449,8 +650,11 @@ for mode in $MODES; do
     [[ $mode == responses || $mode == resp-stream ]] &&
       req="{\"model\":\"$model\",\"stream\":$stream,\"store\":false,\"input\":\"hi\"}"
     out=$WORK/sanity-$target-$mode.out
-    code=$(curl -sS -o "$out" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
-      -H "Authorization: Bearer $(target_key "$target")" \
+    extra=()
+    IFS='|' read -r -a hdrs <<<"$(target_headers "$target" "$mode")"
+    for h in "${hdrs[@]}"; do extra+=(-H "$h"); done
+    code=$(curl -sS -o "$out" -D "$out.headers" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
+      -H "Authorization: Bearer $(target_key "$target")" "${extra[@]}" \
       -d "$req" "$(target_url "$target" "$mode")" 2>/dev/null || echo 000)
     bytes=$(wc -c <"$out" 2>/dev/null || echo 0)
     if [[ $mode == resp-stream ]]; then
@@ -470,7 +674,9 @@ for mode in $MODES; do
       usage_chunk=0
       complete=$(grep -q '"choices"' "$out" && echo true || echo false)
     fi
-    log "check $target $mode: HTTP $code, $bytes bytes, complete=$complete, SSE data lines=$events, usage chunks=$usage_chunk"
+    # Switchyard says where it routed (the full gateway: through the router).
+    route=$(tr -d '\r' <"$out.headers" 2>/dev/null | awk -F': ' 'tolower($1) == "x-switchyard-route" { print "; route: " $2 }')
+    log "check $target $mode: HTTP $code, $bytes bytes, complete=$complete, SSE data lines=$events, usage chunks=$usage_chunk$route"
     printf '{"target":"%s","mode":"%s","status":%d,"bytes":%d,"complete":%s,"sse_events":%d,"usage_chunks":%d}\n' \
       "$target" "$mode" "$code" "$bytes" "$complete" "$events" "$usage_chunk" >>"$WORK/sanity.jsonl"
     if [[ $code != 200 || $complete != true ]]; then
@@ -489,11 +695,14 @@ wrk_threads() { if [[ $1 -lt $WRK_THREADS ]]; then echo "$1"; else echo "$WRK_TH
 
 # run_wrk TARGET MODE CONC SECONDS LABEL: prints the BENCH_RESULT JSON (or nothing).
 run_wrk() {
-  local target=$1 mode=$2 conc=$3 secs=$4 label=$5 wlog
+  local target=$1 mode=$2 conc=$3 secs=$4 label=$5 wlog timeout=10s
   wlog=$WORK/wrk-$label.log
+  # LiteLLM at c=256 queues for longer than 10 s; a timeout there would count as an error.
+  [[ $target == litellm ]] && timeout=60s
   # In the background and waited for, so that a signal reaches the trap at once.
   BENCH_MODEL=$(target_model "$target" "$mode") BENCH_LABEL=$label BENCH_API_KEY=$(target_key "$target") \
-    "$WRK" -t"$(wrk_threads "$conc")" -c"$conc" -d"${secs}s" --timeout 10s \
+    BENCH_HEADERS=$(target_headers "$target" "$mode") \
+    "$WRK" -t"$(wrk_threads "$conc")" -c"$conc" -d"${secs}s" --timeout "$timeout" \
     -s "$(mode_script "$mode")" "$(target_url "$target" "$mode")" >"$wlog" 2>&1 &
   WRK_PID=$!
   wait "$WRK_PID" || true
@@ -583,14 +792,14 @@ measure() {
 # Targets back to back at each mode and concurrency; with --repeat N, N such rounds,
 # interleaved so that a slow minute of the machine hits every target alike; the report
 # shows medians over the rounds.
-n_conc=$(wc -w <<<"$CONCURRENCY")
-n_target_modes=0
-for mode in $MODES; do n_target_modes=$((n_target_modes + $(wc -w <<<"$(mode_targets "$mode")"))); done
-total_runs=$((n_target_modes * n_conc * REPEAT))
+total_runs=0
+for mode in $MODES; do
+  total_runs=$((total_runs + $(wc -w <<<"$(mode_targets "$mode")") * $(wc -w <<<"$(mode_concurrency "$mode")") * REPEAT))
+done
 log "measuring: $total_runs runs of ${DURATION_S}s (wrk -t$WRK_THREADS, --timeout 10s)"
 run_no=0
 for mode in $MODES; do
-  for conc in $CONCURRENCY; do
+  for conc in $(mode_concurrency "$mode"); do
     for ((round = 1; round <= REPEAT; round++)); do
       for target in $(mode_targets "$mode"); do
         run_no=$((run_no + 1))
@@ -602,12 +811,52 @@ for mode in $MODES; do
   done
 done
 
+# --- held streams (--hold N) --------------------------------------------------------------
+
+# N paced streams (nginx's /slow/v1: ~5 s each) opened over --hold-ramp seconds through each
+# target in turn, every round: all of them are open at once after the ramp. bench/hold.py
+# reports completions, time to first byte and the target's peak RSS and CPU.
+HOLD=$WORK/hold.jsonl
+: >"$HOLD"
+if ((HOLD_STREAMS > 0)); then
+  log "holding $HOLD_STREAMS streams open at once (opened over ${HOLD_RAMP_S}s, ~5 s each) per target and round"
+  for ((round = 1; round <= REPEAT; round++)); do
+    for target in "${TARGETS[@]}"; do
+      label=hold-$target-r$round
+      hold_args=(--url "$(target_url "$target" hold)" --model "$(target_model "$target" hold)"
+        --streams "$HOLD_STREAMS" --ramp-s "$HOLD_RAMP_S" --api-key "$(target_key "$target")"
+        --pgid "$(target_pgid "$target")" --label "$label")
+      IFS='|' read -r -a hdrs <<<"$(target_headers "$target" hold)"
+      for h in "${hdrs[@]}"; do hold_args+=(--header "$h"); done
+      "$HOLD_PYTHON" "$BENCH_DIR/hold.py" "${hold_args[@]}" >"$WORK/$label.log" 2>&1 &
+      WRK_PID=$!
+      wait "$WRK_PID" || true
+      WRK_PID=""
+      result=$(sed -n 's/^HOLD_RESULT //p' "$WORK/$label.log" | tail -n 1)
+      if [[ -z $result ]]; then
+        log "ERROR: no result from bench/hold.py for $label (see $WORK/$label.log)"
+        tail -n 5 "$WORK/$label.log" >&2 || true
+        FAILED=1
+        result=null
+      fi
+      printf '{"target":"%s","round":%d,"hold":%s}\n' "$target" "$round" "$result" >>"$HOLD"
+      "$PYTHON" "$BENCH_DIR/report.py" hold-line "$HOLD"
+    done
+  done
+fi
+
 # --- memory, then the report --------------------------------------------------------------
 
 read -r gw_rss gw_redis_rss gw_procs <<<"$(group_rss "$GW_PID")"
 ll_rss=0
 ll_procs=0
 if [[ -n $LL_PID ]]; then read -r ll_rss _ ll_procs <<<"$(group_rss "$LL_PID")"; fi
+full_rss=0
+full_procs=0
+if [[ -n $FULL_PID ]]; then read -r full_rss _ full_procs <<<"$(group_rss "$FULL_PID")"; fi
+pk_rss=0
+pk_procs=0
+if [[ -n $PK_PID ]]; then read -r pk_rss _ pk_procs <<<"$(group_rss "$PK_PID")"; fi
 
 git_rev=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo none)
 # Read-only: does the working tree differ from that commit in the gateway's code?
@@ -618,16 +867,18 @@ cat >"$WORK/meta.json" <<EOF
 {
   "timestamp_utc": "$STAMP",
   "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
-  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
-  "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION"},
+  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "peers": $USE_PEERS, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION", "portkey": "$PORTKEY_VERSION", "node": "$([[ -n $NODE ]] && "$NODE" --version 2>/dev/null)"},
   "machine_busy_before_pct": $BUSY_BEFORE,
+  "load_average_before": "$LOAD_BEFORE",
   "litellm_status": "$LITELLM_STATUS",
+  "portkey_status": "$PORTKEY_STATUS",
   "gateway_warning": "${GW_HEALTHZ_WARNING:-}",
-  "rss_after_kb": {"gateway": $gw_rss, "gateway_processes": $gw_procs, "gateway_embedded_redis": $gw_redis_rss, "litellm": $ll_rss, "litellm_processes": $ll_procs}
+  "rss_after_kb": {"gateway": $gw_rss, "gateway_processes": $gw_procs, "gateway_embedded_redis": $gw_redis_rss, "litellm": $ll_rss, "litellm_processes": $ll_procs, "full": $full_rss, "full_processes": $full_procs, "portkey": $pk_rss, "portkey_processes": $pk_procs}
 }
 EOF
 
-report_args=(report "$RUNS" "$WORK/meta.json" "$WORK/sanity.jsonl" --out "$OUT")
+report_args=(report "$RUNS" "$WORK/meta.json" "$WORK/sanity.jsonl" --hold "$HOLD" --out "$OUT")
 [[ -n $BASELINE ]] && report_args+=(--baseline "$BASELINE")
 [[ $STRICT == 1 ]] && report_args+=(--strict)
 rc=0

@@ -2,9 +2,12 @@
 
     report.py line RUNS_JSONL CLK_TCK
         one progress line for the last run in RUNS_JSONL
-    report.py report RUNS_JSONL META_JSON SANITY_JSONL --out FILE [--baseline FILE] [--strict]
-        the table, the target checks, and FILE (JSON); exit 1 if any run had errors
-        (with --strict also if a target was missed)
+    report.py hold-line HOLD_JSONL
+        one progress line for the last --hold run in HOLD_JSONL
+    report.py report RUNS_JSONL META_JSON SANITY_JSONL [--hold HOLD_JSONL] --out FILE
+                     [--baseline FILE] [--strict]
+        the table, the held-streams table, the target checks, and FILE (JSON); exit 1 if any
+        run had errors (with --strict also if a target was missed)
 
 Each run is paired with the direct (and LiteLLM) run of the same round, mode and
 concurrency; with several rounds the table shows the median over the rounds. The
@@ -26,6 +29,18 @@ TARGETS = {
     "c64_rps_nonstream": 2000.0,
     "c64_rps_stream": 1000.0,
     "vs_litellm_rps": 20.0,
+}
+
+# Issue 20's targets for the fully featured gateway (`full` with --full, else `gateway`).
+ISSUE20 = {
+    "cpu_ms_nonstream": 0.30,
+    "cpu_ms_stream": 0.35,
+    "cpu_flat_pct": 15.0,
+    "c1_added_p99_ms": 1.0,
+    "rps_nonstream": 3000.0,
+    "rps_stream": 2500.0,
+    "hold_ttfb_p99_ms": 20.0,
+    "full_over_pass_pct": 15.0,
 }
 
 Run = dict[str, Any]
@@ -69,7 +84,7 @@ def derive(runs: list[Run], clk_tck: int) -> list[Run]:
             r["added_p99_ms"] = w["latency_ms"]["p99"] - d["latency_ms"]["p99"]
             r["rps_vs_direct"] = w["rps"] / d["rps"] if d["rps"] else None
         lite = by_key.get(("litellm", *key))
-        if r["target"] == "gateway" and w and lite and lite.get("wrk") and lite["wrk"]["rps"]:
+        if r["target"] not in ("direct", "litellm") and w and lite and lite.get("wrk") and lite["wrk"]["rps"]:
             r["rps_vs_litellm"] = w["rps"] / lite["wrk"]["rps"]
         out.append(r)
     return out
@@ -148,7 +163,7 @@ COLUMNS = [
     ("+p50 ms", 8, ">"),
     ("+p99 ms", 8, ">"),
     ("/direct", 7, ">"),
-    ("gw/litellm", 10, ">"),
+    ("x litellm", 10, ">"),
     ("cpu ms/req", 10, ">"),
     ("box cpu", 7, ">"),
     ("other", 6, ">"),
@@ -234,6 +249,157 @@ def check_targets(rows: list[Run]) -> list[Run]:
     return checks
 
 
+def check_issue20(rows: list[Run], hold_rows: list[Run]) -> list[Run]:
+    """Issue 20's targets, for the fully featured gateway (``full``, else ``gateway``)."""
+    checks: list[Run] = []
+
+    def add(name: str, value: float | None, limit: float, at_most: bool) -> None:
+        ok = value is not None and (value <= limit if at_most else value >= limit)
+        checks.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
+
+    name = "full" if any(r["target"] == "full" for r in rows) else "gateway"
+    mine = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == name and "rps" in r}
+    passing = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == "gateway" and "rps" in r}
+    for mode in ("nonstream", "stream"):
+        cpus = {
+            c: r["cpu_ms_per_request"]
+            for (m, c), r in mine.items()
+            if m == mode and "cpu_ms_per_request" in r
+        }
+        if not cpus:
+            continue
+        add(f"{name} {mode} max cpu ms/req", max(cpus.values()), ISSUE20[f"cpu_ms_{mode}"], True)
+        if len(cpus) > 1:
+            flat = 100.0 * (max(cpus.values()) - min(cpus.values())) / min(cpus.values())
+            add(
+                f"{name} {mode} cpu ms/req spread over c={sorted(cpus)} %",
+                flat,
+                ISSUE20["cpu_flat_pct"],
+                True,
+            )
+        r1 = mine.get((mode, 1))
+        if r1 and r1.get("added_p99_ms") is not None:
+            add(f"{name} {mode} c=1 added p99 ms", r1["added_p99_ms"], ISSUE20["c1_added_p99_ms"], True)
+        for conc in (16, 64):
+            r = mine.get((mode, conc))
+            if r:
+                add(f"{name} {mode} c={conc} req/s", r["rps"], ISSUE20[f"rps_{mode}"], False)
+        if name == "full":
+            over = [
+                100.0 * (r["cpu_ms_per_request"] / passing[key]["cpu_ms_per_request"] - 1.0)
+                for key, r in mine.items()
+                if key[0] == mode
+                and key in passing
+                and "cpu_ms_per_request" in r
+                and passing[key].get("cpu_ms_per_request")
+            ]
+            if over:
+                add(
+                    f"full over pass-through {mode} cpu ms/req, median %",
+                    statistics.median(over),
+                    ISSUE20["full_over_pass_pct"],
+                    True,
+                )
+    held = next((h for h in hold_rows if h["target"] == name and h.get("ttfb_p99_ms") is not None), None)
+    if held:
+        add(
+            f"{name} --hold {held['streams']}: TTFB p99 ms",
+            held["ttfb_p99_ms"],
+            ISSUE20["hold_ttfb_p99_ms"],
+            True,
+        )
+        add(
+            f"{name} --hold {held['streams']}: streams not complete",
+            held["streams"] - held["complete"],
+            0,
+            True,
+        )
+    return checks
+
+
+def summarize_hold(holds: list[Run]) -> list[Run]:
+    """One row per target: medians over the rounds of bench/hold.py's results."""
+    groups: dict[str, list[Run]] = {}
+    for h in holds:
+        groups.setdefault(h["target"], []).append(h)
+    rows = []
+    for target, members in groups.items():
+        done = [h["hold"] for h in members if h.get("hold")]
+        row: Run = {
+            "target": target,
+            "rounds": len(members),
+            "rounds_without_result": len(members) - len(done),
+        }
+        if done:
+            row["streams"] = done[0]["streams"]
+            row["ramp_s"] = done[0]["ramp_s"]
+            row["complete"] = min(d["complete"] for d in done)
+            row["errors"] = sum(d["errors"] for d in done)
+            row["open_peak"] = min(d["open_peak"] for d in done)
+            for name in ("p50", "p99", "max"):
+                row[f"ttfb_{name}_ms"] = _median([d["ttfb_ms"][name] for d in done])
+            row["stream_p50_ms"] = _median([d["stream_ms"]["p50"] for d in done])
+            groups_of = [d.get("groups") or [{}] for d in done]
+            row["rss_peak_kb"] = _median([g[0].get("rss_peak_kb") for g in groups_of])
+            row["processes"] = groups_of[0][0].get("processes_at_peak")
+            cpu = [
+                g[0]["cpu_ms"] / d["streams"]
+                for g, d in zip(groups_of, done, strict=True)
+                if "cpu_ms" in g[0]
+            ]
+            row["cpu_ms_per_stream"] = _median(list(cpu))
+        rows.append(row)
+    return rows
+
+
+HOLD_COLUMNS = [
+    ("target", 8, "<"),
+    ("streams", 7, ">"),
+    ("complete", 8, ">"),
+    ("open peak", 9, ">"),
+    ("TTFB p50", 9, ">"),
+    ("TTFB p99", 9, ">"),
+    ("TTFB max", 9, ">"),
+    ("stream p50", 10, ">"),
+    ("peak RSS MB", 11, ">"),
+    ("cpu ms/stream", 13, ">"),
+    ("errors", 6, ">"),
+]
+
+
+def hold_cells(row: Run) -> list[str]:
+    if "streams" not in row:
+        return [row["target"], "no result", *["-"] * (len(HOLD_COLUMNS) - 2)]
+    rss = row.get("rss_peak_kb")
+    return [
+        row["target"],
+        str(row["streams"]),
+        str(row["complete"]),
+        str(row["open_peak"]),
+        fmt(row.get("ttfb_p50_ms"), ".1f"),
+        fmt(row.get("ttfb_p99_ms"), ".1f"),
+        fmt(row.get("ttfb_max_ms"), ".1f"),
+        fmt(row.get("stream_p50_ms"), ".0f"),
+        "-" if rss is None else f"{rss / 1024:.1f}",
+        fmt(row.get("cpu_ms_per_stream"), ".2f"),
+        str(row["errors"] + row["rounds_without_result"]),
+    ]
+
+
+def hold_table(rows: list[Run], markdown_out: bool = False) -> str:
+    names = [name for name, _, _ in HOLD_COLUMNS]
+    if markdown_out:
+        lines = ["| " + " | ".join(names) + " |", "|" + "|".join("---" for _ in names) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(hold_cells(r)) + " |" for r in rows])
+
+    def line(values: list[str]) -> str:
+        return "  ".join(f"{v:{a}{w}}" for v, (_, w, a) in zip(values, HOLD_COLUMNS, strict=True)).rstrip()
+
+    return "\n".join(
+        [line(names), line(["-" * w for _, w, _ in HOLD_COLUMNS]), *(line(hold_cells(r)) for r in rows)]
+    )
+
+
 def compare_baseline(rows: list[Run], baseline_path: str) -> list[Run]:
     base = json.loads(Path(baseline_path).read_text())
     base_gw = {
@@ -279,13 +445,35 @@ def cmd_line(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hold_line(args: argparse.Namespace) -> int:
+    holds = load_lines(args.hold)
+    if not holds:
+        return 0
+    h = holds[-1]
+    d = h.get("hold")
+    if not d:
+        print(f"  hold {h['target']:8} no result")
+        return 0
+    group = (d.get("groups") or [{}])[0]
+    rss = group.get("rss_peak_kb")
+    print(
+        f"  hold {h['target']:8} {d['complete']}/{d['streams']} complete, {d['open_peak']} open at peak,"
+        f" TTFB p50 {d['ttfb_ms']['p50'] or 0:.1f} p99 {d['ttfb_ms']['p99'] or 0:.1f} ms,"
+        f" peak RSS {(rss or 0) / 1024:.1f} MB, errors {d['errors']}"
+    )
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     meta = json.loads(Path(args.meta).read_text())
     s = meta["settings"]
     runs = derive(load_lines(args.runs), s["clk_tck"])
     rows = summarize(runs)
     sanity = load_lines(args.sanity)
+    holds = load_lines(args.hold) if args.hold and Path(args.hold).exists() else []
+    hold_rows = summarize_hold(holds)
     checks = check_targets(rows)
+    issue20 = check_issue20(rows, hold_rows)
     rss = meta["rss_after_kb"]
     rounds = f", median of {s['repeat']} rounds" if s.get("repeat", 1) > 1 else ""
     v = meta.get("versions", {})
@@ -300,7 +488,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(table(rows))
     print()
     print(
-        "  +p50/+p99: minus direct (same round); /direct, gw/litellm: req/s ratios; spread: (max-min)/median"
+        "  +p50/+p99: minus direct (same round); /direct, x litellm: req/s ratios; spread: (max-min)/median"
     )
     print(
         "  of req/s over the rounds. cpu ms/req: user+system CPU of the target's processes (nginx for direct;"
@@ -314,11 +502,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         f" in {rss['gateway_processes']} process(es)"
         f" (+ embedded Redis {rss['gateway_embedded_redis'] / 1024:.1f} MB)"
     )
-    if rss.get("litellm"):
-        line += f"; LiteLLM {rss['litellm'] / 1024:.1f} MB in {rss['litellm_processes']} process(es)"
+    for key, name in (("full", "full"), ("portkey", "Portkey"), ("litellm", "LiteLLM")):
+        if rss.get(key):
+            line += f"; {name} {rss[key] / 1024:.1f} MB in {rss[f'{key}_processes']} process(es)"
     print(line)
-    if meta.get("litellm_status") not in (None, "", "ok", "not requested"):
-        print(f"LiteLLM: {meta['litellm_status']}")
+    print(f"Load average before the run: {meta.get('load_average_before', '?')}")
+    for key, name in (("litellm_status", "LiteLLM"), ("portkey_status", "Portkey")):
+        if meta.get(key) not in (None, "", "ok", "not requested"):
+            print(f"{name}: {meta[key]}")
     if meta.get("gateway_warning"):
         print(f"WARNING: gateway: {meta['gateway_warning']}")
     for san in sanity:
@@ -327,12 +518,29 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"stream check {san['target']:8}: {san['bytes']} bytes, {san['sse_events']} data lines, "
                 f"{san['usage_chunks']} usage chunk(s), complete={san['complete']}"
             )
+    if hold_rows:
+        print()
+        print(
+            f"Held streams (--hold): {hold_rows[0].get('streams', '?')} paced SSE streams opened over"
+            f" {hold_rows[0].get('ramp_s', '?')} s, ~5 s each; medians over the rounds"
+            " (complete, open peak: the least)"
+        )
+        print()
+        print(hold_table(hold_rows))
+        print("  TTFB: request sent -> first body bytes, ms; peak RSS: the target's processes (no Redis)")
     print()
     print("Targets (set for one worker):" if s["workers"] != 1 else "Targets:")
     for c in checks:
         rel = "<=" if c["at_most"] else ">="
         value = "-" if c["value"] is None else f"{c['value']:.3f}"
         print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['check']}: {value} ({rel} {c['limit']})")
+    if issue20:
+        print()
+        print("Issue 20's targets:")
+        for c in issue20:
+            rel = "<=" if c["at_most"] else ">="
+            value = "-" if c["value"] is None else f"{c['value']:.3f}"
+            print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['check']}: {value} ({rel} {c['limit']})")
     comparison = None
     if args.baseline:
         comparison = compare_baseline(rows, args.baseline)
@@ -348,6 +556,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         "sanity": sanity,
         "summary": rows,
         "targets": checks,
+        "issue20_targets": issue20,
+        "hold_summary": hold_rows,
+        "hold_runs": holds,
+        "hold_markdown_table": hold_table(hold_rows, markdown_out=True) if hold_rows else "",
         "baseline_comparison": comparison,
         "runs": runs,
         "markdown_table": markdown(rows),
@@ -357,7 +569,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not errors["ok"]:
         print("\nFAILED: some runs had errors (see errors_detail in the JSON and the wrk logs).")
         return 1
-    if args.strict and not all(c["ok"] for c in checks):
+    if args.strict and not all(c["ok"] for c in checks + issue20):
         print("\nFAILED (--strict): a target was missed.")
         return 1
     return 0
@@ -372,12 +584,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs")
     p.add_argument("clk_tck", type=int)
     p.set_defaults(func=cmd_line)
+    p = sub.add_parser("hold-line")
+    p.add_argument("hold")
+    p.set_defaults(func=cmd_hold_line)
     p = sub.add_parser("report")
     p.add_argument("runs")
     p.add_argument("meta")
     p.add_argument("sanity")
     p.add_argument("--out", required=True)
     p.add_argument("--baseline")
+    p.add_argument("--hold", help="bench/hold.py results (JSON lines)")
     p.add_argument("--strict", action="store_true")
     p.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)

@@ -6,6 +6,8 @@
 --                 canned upstream directly and through a gateway.
 --   BENCH_LABEL   copied into the summary line (default "").
 --   BENCH_API_KEY the bearer token sent (default "sk-bench-dummy"; LiteLLM needs its master key).
+--   BENCH_HEADERS extra request headers, "Name: value" pairs separated by "|" (Portkey's
+--                 x-portkey-provider and x-portkey-custom-host; default none).
 --   BENCH_CHECK   "1" (default) checks every response in Lua: the status must be 2xx and
 --                 the body must look complete (non-stream: has "choices"; stream: ends
 --                 with "data: [DONE]"). "0" skips the Lua callback (wrk then counts only
@@ -90,6 +92,10 @@ function M.install(stream, responses)
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Accept"] = stream and "text/event-stream" or "application/json"
   wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_API_KEY") or "sk-bench-dummy")
+  for pair in string.gmatch(os.getenv("BENCH_HEADERS") or "", "[^|]+") do
+    local name, value = pair:match("^%s*([^:]-)%s*:%s*(.-)%s*$")
+    if name and name ~= "" then wrk.headers[name] = value end
+  end
 
   local threads = {}
   local label = os.getenv("BENCH_LABEL") or ""
