@@ -102,7 +102,8 @@ def summarize(runs: list[Run]) -> list[Run]:
         groups.setdefault((r["target"], r["mode"], r["concurrency"]), []).append(r)
     rows = []
     for (target, mode, conc), members in groups.items():
-        done = [r for r in members if r.get("wrk")]
+        # A run in which not one request finished (LiteLLM at c=256 in a short run) has no result.
+        done = [r for r in members if r.get("wrk") and r["wrk"]["requests"] > 0]
         row: Run = {
             "target": target,
             "mode": mode,
