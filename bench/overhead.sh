@@ -532,6 +532,11 @@ model_list:
       model: openai/canned-stream
       api_base: http://127.0.0.1:$SSE_PORT/v1
       api_key: sk-bench-dummy
+  - model_name: canned-slow
+    litellm_params:
+      model: openai/canned-slow
+      api_base: http://127.0.0.1:$SSE_PORT/slow/v1
+      api_key: sk-bench-dummy
 litellm_settings:
   drop_params: true
   request_timeout: 30
