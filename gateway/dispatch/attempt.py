@@ -229,7 +229,9 @@ async def unary_attempt(
             ) from None
         if first:
             parts.append(first)
-            await _read_rest(chunks, parts, name, timeouts, deadline)
+            # A small answer arrives whole with its headers: no read left to bound.
+            if not resp.complete():
+                await _read_rest(chunks, parts, name, timeouts, deadline)
     except aiohttp.ClientError as exc:
         if resp is not None:
             resp.close()
