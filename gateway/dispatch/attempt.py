@@ -135,7 +135,8 @@ class OpenStream:
         ``[DONE]`` the upstream's end of body usually follows at once: it is awaited off
         the client's path, for at most :data:`DRAIN_AFTER_DONE_S`, so the connection can
         be reused (an upstream that keeps it open past that loses it)."""
-        if self.scanner.done and self._eof:
+        if self.scanner.done and (self._eof or self._resp.complete()):
+            # The body's end came with [DONE] (the usual case): no drain task to start.
             self._resp.release()
         elif self.scanner.done:
             task = asyncio.ensure_future(_drain(self._resp, self._chunks))
@@ -229,7 +230,9 @@ async def unary_attempt(
             ) from None
         if first:
             parts.append(first)
-            await _read_rest(chunks, parts, name, timeouts, deadline)
+            # A small answer arrives whole with its headers: no read left to bound.
+            if not resp.complete():
+                await _read_rest(chunks, parts, name, timeouts, deadline)
     except aiohttp.ClientError as exc:
         if resp is not None:
             resp.close()

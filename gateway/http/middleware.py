@@ -84,6 +84,11 @@ async def _read_body(request: web.Request, timeout_s: float) -> None:
             "unsupported_content_encoding",
         )
     try:
+        if request.content.is_eof():
+            # The whole body came with the headers (most requests): nothing to wait for,
+            # so no timer to arm and cancel.
+            await request.read()
+            return
         async with asyncio.timeout(timeout_s):
             await request.read()
     except TimeoutError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
 import signal
 import sys
@@ -136,6 +137,22 @@ async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> No
         await asyncio.wait(tasks, timeout=2.0)
 
 
+GC_GEN0_THRESHOLD = 50_000
+"""Allocations between two young-generation collections once serving (CPython's default
+is 700). Requests make almost no cyclic garbage, so a collection mostly walks the objects
+of the requests in flight, and at 700 it ran every few requests, each walk longer the more
+requests were in flight: CPU per request grew with concurrency (bench/README.md, "#20")."""
+
+
+def tune_gc() -> None:
+    """Move everything built at start-up (modules, the policy, the app) out of the
+    collector's reach, and collect the young generation rarely (:data:`GC_GEN0_THRESHOLD`)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def bind_error(exc: OSError, host: str, port: int) -> BindError:
     """``exc`` from binding ``host:port`` as one line saying what to do."""
     if exc.errno == errno.EADDRINUSE:
@@ -210,6 +227,7 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     except OSError as exc:
         await runner.cleanup()
         raise bind_error(exc, host, port) from None
+    tune_gc()
     signals = _StopSignals(app[SETTINGS].drain_timeout_s + STOP_GRACE_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

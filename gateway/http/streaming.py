@@ -18,6 +18,14 @@ from gateway.http.responses import cancelled_by_drain, route_headers, shutdown_e
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class _EventStream(web.StreamResponse):
+    """An SSE answer whose headers leave in the same write as its first events (one send
+    instead of two: the first events are in hand when it is prepared). The flag is
+    aiohttp's own (``web.Response`` sets it); an aiohttp without it sends the headers first."""
+
+    _send_headers_immediately = False
+
+
 async def forward_stream(
     request: web.Request,
     ctx: RequestContext,
@@ -34,7 +42,7 @@ async def forward_stream(
     next turn at once finds it). An endpoint that speaks another dialect passes
     ``translate`` (upstream bytes -> the events it sends) and ``finished`` (its end was
     sent); by default the bytes pass as they are and the end is the upstream's."""
-    resp = web.StreamResponse(headers={**route_headers(ctx), **_SSE_HEADERS})
+    resp = _EventStream(headers={**route_headers(ctx), **_SSE_HEADERS})
     if finished is None:
         finished = lambda: opened.scanner.done  # noqa: E731
     # Everything up to the end is written as it arrives; the last bytes go out together
@@ -42,12 +50,15 @@ async def forward_stream(
     tail = b""
     try:
         await resp.prepare(request)
+        headers_sent = False
         async for chunk in _whole(opened):
             out = translate(chunk) if translate is not None else chunk
             if finished():
                 tail += out
-            elif out:
+            elif out or not headers_sent:
+                # The first write carries the headers, even when it has no events of its own.
                 await resp.write(out)
+                headers_sent = True
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
         ctx.error_code = exc.code

@@ -33,6 +33,11 @@ class TransportResponse(ABC):
     def iter_chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, without waiting to fill a buffer."""
 
+    def complete(self) -> bool:
+        """Whether the whole body has arrived and been read (nothing left to wait for);
+        ``False`` when unknown."""
+        return False
+
     @abstractmethod
     def close(self) -> None:
         """Drop the connection (an unfinished answer is never returned to the pool)."""
@@ -78,9 +83,13 @@ class _Response(TransportResponse):
     async def read(self) -> bytes:
         return await self._resp.read()
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self._resp.content.iter_any():
-            yield chunk
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        # aiohttp's own iterator, not an async generator around it: one layer less per
+        # chunk, and one left unfinished is not handed to the loop to be closed.
+        return self._resp.content.iter_any()
+
+    def complete(self) -> bool:
+        return self._resp.content.at_eof()
 
     def close(self) -> None:
         self._resp.close()
