@@ -151,6 +151,9 @@ class _CountedResponse(TransportResponse):
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self._inner.iter_chunks()
 
+    def complete(self) -> bool:
+        return self._inner.complete()
+
     def close(self) -> None:
         self._finish()
         self._inner.close()
