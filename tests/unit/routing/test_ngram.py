@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import PolicyError, parse_policy
-from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram, NgramModel, key_hash, words
+from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram, NgramModel, key_hash, keys, words
 from gateway.routing.features import extract
 from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
 from gateway.routing.resolve import Router
@@ -52,6 +52,18 @@ def test_logit_is_the_sum_over_unigrams_and_bigrams_scaled_by_their_count() -> N
     assert parts["'prove'"] == pytest.approx(2 / math.sqrt(3))
     assert parts["'prove theorem'"] == pytest.approx(1 / math.sqrt(3))
     assert parts["bias"] == -1.0
+
+
+def test_the_memo_gives_every_word_and_pair_its_own_weight_once() -> None:
+    # The memo folds each pair's second word into the pair's entry; the logit must stay the
+    # plain sum over every unigram and bigram, repeated words and an empty message included.
+    table = {key_hash(k): 0.1 * (i + 1) for i, k in enumerate(["a", "b", ("a", "b"), ("b", "a"), "c"])}
+    clf = Ngram(NgramModel(0.0, {}, table, {}))
+    for tokens in ([], ["a"], ["b", "a"], ["a", "b", "a", "b", "c", "zz"], ["zz", "a", "zz"]):
+        expected = sum(table.get(key_hash(k), 0.0) for k in keys(tokens))
+        scale = math.sqrt(max(1, 2 * len(tokens) - 1))
+        assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)
+        assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)  # from the memo
 
 
 def test_length_term_is_centred() -> None:
