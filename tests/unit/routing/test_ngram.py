@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from gateway.config import PolicyError, parse_policy
-from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram, NgramModel, key_hash, keys, words
+from gateway.routing.classifiers.ngram import (
+    DEFAULT_WEIGHTS,
+    MAX_WORDS,
+    Ngram,
+    NgramModel,
+    key_hash,
+    keys,
+    words,
+)
 from gateway.routing.features import extract
 from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
 from gateway.routing.resolve import Router
@@ -99,6 +107,12 @@ def test_a_long_prompt_is_read_at_both_ends_only() -> None:
     text = head + "filler " * 10_000 + tail
     assert len(_features(text).text) <= 1201
     assert words(_features(text).text)[0] == "integral" and words(_features(text).text)[-1] == "sonnet"
+
+
+def test_a_long_message_is_read_as_its_first_and_last_80_words() -> None:
+    every = [chr(97 + i // 26) + chr(97 + i % 26) for i in range(500)]  # aa, ab, ...: no digits
+    assert words(" ".join(every)) == every[:80] + every[-80:] and MAX_WORDS == 160
+    assert words(" ".join(every[:160])) == every[:160]
 
 
 def _rows() -> list[dict[str, object]]:
