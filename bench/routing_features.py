@@ -6,9 +6,9 @@ Prints the median and p99 microseconds per call (perf_counter around each call, 
 warm-up), for a chat request whose last user message is about --tokens tokens of prose,
 a code block and a few questions: feature extraction, then the whole decision with the
 ``linear`` classifier and with the ``ngram`` one (shipped weights). The ngram classifier
-memoizes each word's weight per process, so it is timed twice: warm (the words seen
+memoizes each word pair's weight per process, so it is timed twice: warm (the words seen
 before, as common words are in steady traffic) and cold (the memo emptied before every
-call, every word hashed afresh).
+call, every word and pair hashed afresh).
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
 """The ``ngram`` classifier: what the prompt asks, as hashed word n-grams, plus its length.
 
 Logistic regression over (a) the word unigrams and bigrams of ``Features.text`` — the last
-user message, or its first and last 600 characters when longer, so an 8k-token prompt
-costs what a 300-token one does — each hashed with CRC-32 and weighted from a fitted
-table, their sum scaled by 1/sqrt(count); (b) a fixed weight on the log of the last user
-message's length; and (c) optionally, the normalized shape features the ``linear``
-classifier reads (the shipped weights use none). The table ships in the package
-(``ngram_weights.json``, fitted by ``switchyard route fit --classifier ngram``) and holds
-hashes and weights only, no words. Words are lowercased, digits folded to ``0`` (numbers count by their
-shape, not their value), punctuation splits them.
+user message, or its first and last 600 characters when longer, and of those at most the
+first and last 80 words, so an 8k-token prompt costs what a 300-token one does — each
+hashed with CRC-32 and weighted from a fitted table, their sum scaled by 1/sqrt(count);
+(b) a fixed weight on the log of the last user message's length; and (c) optionally, the
+normalized shape features the ``linear`` classifier reads (the shipped weights use none).
+The table ships in the package (``ngram_weights.json``, fitted by ``switchyard route fit
+--classifier ngram``) and holds hashes and weights only, no words. Words are lowercased,
+digits folded to ``0`` (numbers count by their shape, not their value), punctuation splits
+them.
 
-The request path is pure Python: the hash of each word or word pair is looked up once
-per process and memoized (a bounded dict), so a request costs a translate, a split, two
-dict lookups per word and a sum.
+The request path is pure Python: the weight of each word pair (with its second word's
+folded in) is looked up once per process and memoized (a bounded dict), so a request costs
+a translate, a split, one dict lookup per word and a sum.
 """
 
 from __future__ import annotations
@@ -40,14 +41,22 @@ FORMAT = "switchyard-ngram/1"
 # One character to one character, so str.translate takes its fast path on ASCII text:
 # digits fold to 0 (a number counts by its shape, not its value), punctuation splits words.
 _FOLD = str.maketrans("0123456789" + string.punctuation, "0" * 10 + " " * len(string.punctuation))
-_MEMO_LIMIT = 100_000  # distinct words and pairs remembered per classifier; about 15 MB at most
+MAX_WORDS = 160
+"""Words read from one message at most (the first and last 80): each costs a lookup, and the
+held-out quality is the same with all of ``Features.text``'s 1,200 characters (about 200 words)."""
+_HALF_WORDS = MAX_WORDS // 2
+_MEMO_LIMIT = 100_000  # distinct word pairs remembered per classifier; about 15 MB at most
 
 Key = str | tuple[str, str]
 
 
 def words(text: str) -> list[str]:
-    """The words the classifier reads: lowercased, digits folded to 0, split at spaces and punctuation."""
-    return text.lower().translate(_FOLD).split()
+    """The words the classifier reads: lowercased, digits folded to 0, split at spaces and
+    punctuation; of a longer text, its first and last ``MAX_WORDS / 2``."""
+    tokens = text.lower().translate(_FOLD).split()
+    if len(tokens) > MAX_WORDS:
+        return tokens[:_HALF_WORDS] + tokens[-_HALF_WORDS:]
+    return tokens
 
 
 def key_hash(key: Key) -> int:
@@ -144,15 +153,18 @@ class NgramModel:
         )
 
 
-class _Memo(dict[Key, float]):
-    """Word or word pair -> its weight, filled on first sight (C-speed lookups after that)."""
+class _Memo(dict[tuple[str, str], float]):
+    """Word pair -> the pair's weight plus its second word's, filled on first sight (C-speed
+    lookups after that). Folding the second word's unigram into its pair halves the lookups
+    per request: a message's n-grams are its first word and then one entry per pair."""
 
     def __init__(self, table: dict[int, float]) -> None:
         super().__init__()
         self.table = table
 
-    def __missing__(self, key: Key) -> float:
-        weight = self[key] = self.table.get(key_hash(key), 0.0)
+    def __missing__(self, pair: tuple[str, str]) -> float:
+        table = self.table
+        weight = self[pair] = table.get(key_hash(pair), 0.0) + table.get(key_hash(pair[1]), 0.0)
         return weight
 
 
@@ -171,12 +183,15 @@ class Ngram(Classifier):
 
     def ngram_logit(self, tokens: list[str]) -> float:
         """The n-grams' share of the logit."""
+        if not tokens:
+            return 0.0
         memo = self._memo
         if len(memo) > _MEMO_LIMIT:
             memo.clear()
-        lookup = memo.__getitem__  # a miss hashes the key once (_Memo.__missing__)
-        total = sum(map(lookup, tokens)) + sum(map(lookup, pairwise(tokens)))
-        return total / math.sqrt(max(1, 2 * len(tokens) - 1))
+        first = self.model.table.get(key_hash(tokens[0]), 0.0)
+        # a miss hashes the pair and its second word once (_Memo.__missing__)
+        total = first + sum(map(memo.__getitem__, pairwise(tokens)))
+        return total / math.sqrt(2 * len(tokens) - 1)
 
     def strong_probability(self, features: Features) -> float:
         model = self.model

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from gateway.config import PolicyError, parse_policy
-from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram, NgramModel, key_hash, words
+from gateway.routing.classifiers.ngram import (
+    DEFAULT_WEIGHTS,
+    MAX_WORDS,
+    Ngram,
+    NgramModel,
+    key_hash,
+    keys,
+    words,
+)
 from gateway.routing.features import extract
 from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
 from gateway.routing.resolve import Router
@@ -54,6 +62,18 @@ def test_logit_is_the_sum_over_unigrams_and_bigrams_scaled_by_their_count() -> N
     assert parts["bias"] == -1.0
 
 
+def test_the_memo_gives_every_word_and_pair_its_own_weight_once() -> None:
+    # The memo folds each pair's second word into the pair's entry; the logit must stay the
+    # plain sum over every unigram and bigram, repeated words and an empty message included.
+    table = {key_hash(k): 0.1 * (i + 1) for i, k in enumerate(["a", "b", ("a", "b"), ("b", "a"), "c"])}
+    clf = Ngram(NgramModel(0.0, {}, table, {}))
+    for tokens in ([], ["a"], ["b", "a"], ["a", "b", "a", "b", "c", "zz"], ["zz", "a", "zz"]):
+        expected = sum(table.get(key_hash(k), 0.0) for k in keys(tokens))
+        scale = math.sqrt(max(1, 2 * len(tokens) - 1))
+        assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)
+        assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)  # from the memo
+
+
 def test_length_term_is_centred() -> None:
     model = NgramModel(0.0, {}, {}, {}, length_weight=0.5, length_center=math.log1p(100))
     clf = Ngram(model)
@@ -87,6 +107,12 @@ def test_a_long_prompt_is_read_at_both_ends_only() -> None:
     text = head + "filler " * 10_000 + tail
     assert len(_features(text).text) <= 1201
     assert words(_features(text).text)[0] == "integral" and words(_features(text).text)[-1] == "sonnet"
+
+
+def test_a_long_message_is_read_as_its_first_and_last_80_words() -> None:
+    every = [chr(97 + i // 26) + chr(97 + i % 26) for i in range(500)]  # aa, ab, ...: no digits
+    assert words(" ".join(every)) == every[:80] + every[-80:] and MAX_WORDS == 160
+    assert words(" ".join(every[:160])) == every[:160]
 
 
 def _rows() -> list[dict[str, object]]:
