@@ -39,8 +39,6 @@ MAX_DECISIONS = 20_000
 """The most decisions a window holds (the oldest go first)."""
 SCORE_BINS = 20
 """The score histogram of the report: 20 bins of 0.05."""
-CHECK_EVERY_S = 5.0
-"""The drift verdict is computed at most this often on the request-finish path."""
 
 
 class DriftMonitor:
@@ -52,7 +50,6 @@ class DriftMonitor:
         self._decisions: deque[tuple[float, float, bool]] = deque()
         self._strong = 0
         self._threshold: float | None = None
-        self._next_check = -math.inf
         self._last_warning = -math.inf
         self.warnings = 0
         """Drift warnings logged since start."""
@@ -76,9 +73,7 @@ class DriftMonitor:
             self._strong -= self._decisions.popleft()[2]
         self._decisions.append((now, score, strong))
         self._strong += strong
-        if now >= self._next_check:
-            self._next_check = now + CHECK_EVERY_S
-            self._check(now)
+        self._check(now)
 
     def _expire(self, now: float, window_s: float) -> None:
         decisions = self._decisions
@@ -86,9 +81,13 @@ class DriftMonitor:
             self._strong -= decisions.popleft()[2]
 
     def _check(self, now: float) -> None:
+        # Cheap on every decision (the expiry is amortized O(1)); the sort for the suggested
+        # threshold runs only for a warning, at most once per warn_every_s.
         calibration = self._holder.current.policy.routing.calibration
-        verdict = self.verdict()
-        if not verdict["drifted"] or now - self._last_warning < calibration.warn_every_s:
+        if now - self._last_warning < calibration.warn_every_s:
+            return
+        verdict = self.verdict(suggest=False)
+        if not verdict["drifted"]:
             return
         self._last_warning = now
         self.warnings += 1
@@ -100,12 +99,13 @@ class DriftMonitor:
             decisions=verdict["decisions"],
             window_s=verdict["window_s"],
             threshold=self._threshold,
-            threshold_for_target=verdict["threshold_for_target"],
+            threshold_for_target=self._threshold_for(verdict["target"]),
             hint="run `switchyard route calibrate` on recent prompts, or see GET /admin/routing/drift",
         )
 
-    def verdict(self) -> dict[str, Any]:
-        """The share over the window now and whether it drifted from the target."""
+    def verdict(self, suggest: bool = True) -> dict[str, Any]:
+        """The share over the window now and whether it drifted from the target; with
+        ``suggest``, the threshold that would have hit the target on the window's scores."""
         calibration = self._holder.current.policy.routing.calibration
         now = self._clock.now()
         self._expire(now, calibration.window_s)
@@ -113,12 +113,8 @@ class DriftMonitor:
         share = self._strong / n if n else None
         target = calibration.strong_share
         enough = n >= calibration.min_decisions
-        drifted = (
-            enough
-            and target is not None
-            and share is not None
-            and abs(share - target) > calibration.tolerance
-        )
+        off_by = abs(share - target) if target is not None and share is not None else 0.0
+        drifted = enough and off_by > calibration.tolerance
         return {
             "decisions": n,
             "strong": self._strong,
@@ -129,7 +125,7 @@ class DriftMonitor:
             "min_decisions": calibration.min_decisions,
             "enough_decisions": enough,
             "drifted": drifted,
-            "threshold_for_target": self._threshold_for(target),
+            "threshold_for_target": self._threshold_for(target) if suggest else None,
         }
 
     def _threshold_for(self, share: float | None) -> float | None:
