@@ -84,11 +84,14 @@ class DriftMonitor:
         # Cheap on every decision (the expiry is amortized O(1)); the sort for the suggested
         # threshold runs only for a warning, at most once per warn_every_s.
         calibration = self._holder.current.policy.routing.calibration
-        if now - self._last_warning < calibration.warn_every_s:
+        target = calibration.strong_share
+        if target is None or now - self._last_warning < calibration.warn_every_s:
+            return
+        self._expire(now, calibration.window_s)
+        n = len(self._decisions)
+        if n < calibration.min_decisions or abs(self._strong / n - target) <= calibration.tolerance:
             return
         verdict = self.verdict(suggest=False)
-        if not verdict["drifted"]:
-            return
         self._last_warning = now
         self.warnings += 1
         _log.warning(
