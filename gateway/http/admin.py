@@ -122,13 +122,15 @@ async def admin_stats(request: web.Request) -> web.Response:
 
 async def admin_dashboard(request: web.Request) -> web.Response:
     """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key from
-    Redis, and under ``live`` this process's view of each deployment now."""
+    Redis, under ``live`` this process's view of each deployment now, and under ``routing``
+    its classifier's live strong share against the calibrated target."""
     config = request.config_dict
     report = config[DASHBOARD].report
 
     async def with_live(policy: Policy, since_s: int) -> dict[str, Any]:
         body = await report(policy, since_s)
         body["live"] = live_deployments(config, list(policy.deployments))
+        body["routing"] = config[DRIFT].summary()
         return body
 
     return await _redis_report(request, with_live)

@@ -138,6 +138,23 @@ class DriftMonitor:
             return None
         return round(threshold_for_share([d[1] for d in self._decisions], share), 4)
 
+    def summary(self) -> dict[str, Any]:
+        """The dashboard's line: decisions, live share, target and a one-word verdict
+        (``drifted``, ``ok``, ``too few decisions`` or ``no target``)."""
+        verdict = self.verdict(suggest=False)
+        if verdict["target"] is None:
+            word = "no target"
+        elif not verdict["enough_decisions"]:
+            word = "too few decisions"
+        else:
+            word = "drifted" if verdict["drifted"] else "ok"
+        return {
+            "decisions": verdict["decisions"],
+            "strong_share": verdict["strong_share"],
+            "target": verdict["target"],
+            "verdict": word,
+        }
+
     def report(self) -> dict[str, Any]:
         """The verdict, the threshold in force and the window's score distribution (JSON-ready)."""
         body = self.verdict()

@@ -245,6 +245,8 @@ def test_drift_from_the_calibrated_share_is_reported_and_warned_once(
     assert report["drifted"] is True and report["strong_share"] == 0.0 and report["target"] == 0.9
     assert report["threshold"] == 0.5 and report["threshold_for_target"] is not None
     assert sum(b["count"] for b in report["score_histogram"]) == 4
+    summary = http_json("GET", gw.url + "/admin/dashboard?since=5m")["routing"]
+    assert summary == {"decisions": 4, "strong_share": 0.0, "target": 0.9, "verdict": "drifted"}
     line = gw.wait_log(lambda entry: entry.get("event") == "routing_drift")
     assert line["level"] == "warning" and line["target"] == 0.9 and line["strong_share"] == 0.0
     ask(gw, "Hello again")
