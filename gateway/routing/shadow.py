@@ -63,6 +63,7 @@ OUTCOMES = (
     "skipped_busy",
     "skipped_budget",
     "skipped_unavailable",
+    "skipped_key",
     "too_large",
     "escalations_stored",
 )
@@ -140,6 +141,13 @@ class ShadowSampler:
         if settings is None or route.score is None or self._draw() >= settings.share:
             return
         self._count("sampled")
+        routing = ctx.snapshot.policy.routing
+        other = routing.strong_tier if route.tier == routing.fast_tier else routing.fast_tier
+        key = ctx.key
+        if key is not None and not key.allows(ctx.requested_model, other):
+            # A key limited to one tier never pays for, nor reaches, the other one.
+            self._count("skipped_key")
+            return
         if not self._admit(settings):
             return
         task = asyncio.create_task(

@@ -161,7 +161,7 @@ class Metrics:
         self.shadow_calls = Counter(
             "switchyard_shadow_calls",
             "Shadow sample outcomes: sampled, stored, failed, skipped_rate, skipped_busy,"
-            " skipped_budget, skipped_unavailable, too_large, escalations_stored.",
+            " skipped_budget, skipped_unavailable, skipped_key, too_large, escalations_stored.",
             ("outcome",),
             registry=r,
         )

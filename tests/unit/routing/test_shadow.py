@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.auth.keys import KeyRecord
 from gateway.config import PolicySnapshot, parse_policy
 from gateway.context import RequestContext
 from gateway.dispatch.clock import ManualClock
@@ -71,6 +72,18 @@ def test_only_classifier_decisions_are_sampled_and_only_with_shadow_on() -> None
     )
     off.after_answer(off_ctx, SCORED, BODY, b"{}")
     assert draw.calls == 0
+
+
+def test_a_key_limited_to_its_tier_is_not_shadowed_on_the_other() -> None:
+    shadow, ctx, _ = sampler(Draws(0.1, 0.1))
+    ctx.requested_model = "auto"
+    ctx.key = KeyRecord("k1", "one-tier", models=frozenset({"fast"}))
+    shadow.after_answer(ctx, SCORED, BODY, b"{}")
+    assert shadow.counters["skipped_key"] == 1 and shadow.in_flight == 0
+    ctx.key = KeyRecord("k2", "auto", models=frozenset({"auto"}))
+    shadow._admit = lambda settings: False  # type: ignore[method-assign]  # stop before a task starts
+    shadow.after_answer(ctx, SCORED, BODY, b"{}")
+    assert shadow.counters["skipped_key"] == 1 and shadow.counters["sampled"] == 2
 
 
 def test_caps_in_flight_and_per_minute_and_failures_are_counted() -> None:
