@@ -212,8 +212,13 @@ class ShadowSampler:
         limit, keep, ttl = settings.max_record_bytes, settings.max_stored, max(1, int(settings.retention_s))
 
         def op(pipe: Any) -> None:
-            # Runs in the stats writer's flush, off every request's path.
-            data = orjson.dumps(record())
+            # Runs in the stats writer's flush, off every request's path; a pair that cannot
+            # be written must not fail the flush (and the other stats with it).
+            try:
+                data = orjson.dumps(record())
+            except (TypeError, ValueError):
+                self._count("failed")
+                return
             if len(data) > limit:
                 self._count("too_large")
                 return

@@ -4,6 +4,7 @@ in-flight caps, and a failed shadow call counted, never raised."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from gateway.auth.keys import KeyRecord
@@ -122,3 +123,32 @@ def test_answer_of_reads_content_tool_calls_and_finish_reason() -> None:
         "finish_reason": "stop",
     }
     assert answer_of(b"{not json", "a")["content"] is None
+
+
+class Pipe:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: self.calls.append((name, args))
+
+
+def test_an_escalation_is_queued_for_the_flush_and_a_pair_that_cannot_be_written_is_counted() -> None:
+    policy = POLICY.replace("routing:\n", "routing:\n  escalation: {enabled: true}\n")
+    shadow, ctx, _ = sampler(Draws(), policy)
+    ctx.escalated, ctx.deployment = "empty", "b"
+    first = b'{"choices": [{"message": {"content": ""}, "finish_reason": "stop"}]}'
+    second = b'{"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}'
+    shadow.escalated(ctx, SCORED, BODY, first, "a", second)
+    shadow.escalated(
+        ctx, SCORED, {**BODY, "messages": [{"role": "user", "content": {1, 2}}]}, first, "a", second
+    )  # a set: not JSON
+    writer = shadow._writer
+    pipe = Pipe()
+    for op in list(writer._pending):
+        op(pipe)
+    assert [name for name, _ in pipe.calls] == ["lpush", "ltrim", "expire"]
+    assert shadow.counters["escalations_stored"] == 1 and shadow.counters["failed"] == 1
+    stored = json.loads(pipe.calls[0][1][1])
+    assert stored["kind"] == "escalation" and stored["strong_passed"] is True
+    assert (stored["fast"]["deployment"], stored["strong"]["deployment"]) == ("a", "b")
