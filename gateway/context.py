@@ -11,6 +11,7 @@ from gateway.dispatch.policy import Timeouts
 
 if TYPE_CHECKING:
     from gateway.auth.keys import KeyRecord
+    from gateway.routing.resolve import Route
     from gateway.shaping.shaper import ShapeResult
 
 
@@ -30,6 +31,8 @@ class RequestContext:
     requested_model: str | None = None
     tier: str | None = None
     route_reason: str | None = None
+    route: Route | None = None
+    """The router's decision, as made (an escalation changes ``tier``, not this)."""
     deployment: str | None = None
     stream: bool = False
     attempts: int = 0

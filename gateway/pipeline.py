@@ -24,6 +24,7 @@ from gateway.errors import PermissionDeniedError
 from gateway.providers.base import Provider
 from gateway.routing.escalation import escalation_route
 from gateway.routing.resolve import Route
+from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState, pop_gateway_metadata
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
@@ -53,6 +54,7 @@ class Stages:
     limiter: Limiter
     stats: StatsWriter
     sinks: tuple[Sink, ...]
+    shadow: ShadowSampler | None = None
 
 
 async def run_unary(
@@ -73,10 +75,16 @@ async def run_unary(
     # Only a chat answer is checked: every check reads its message.
     if endpoint == "/chat/completions":
         escalation = escalation_route(ctx.snapshot.policy, route, body, result.body)
+        shadow = stages.shadow if dialect is None else None
         if escalation is not None:
             ctx.escalated, stronger = escalation
             _set_route(ctx, stronger)
+            first, first_deployment = result.body, ctx.deployment
             result = await stages.dispatcher.unary(ctx, stronger, endpoint, body)
+            if shadow is not None:
+                shadow.escalated(ctx, route, body, first, first_deployment, result.body)
+        elif shadow is not None:
+            shadow.after_answer(ctx, route, body, result.body)
     stages.shaping.prefix_hit(ctx)
     return result
 
@@ -149,6 +157,7 @@ def _prepare(
         view = dialect.routing_view(body) if dialect is not None else body
         route = ctx.snapshot.router.resolve(view, hint, dispatcher.available, dispatcher.pool.in_flight)
         _set_route(ctx, route)
+        ctx.route = route
         if span is not None:
             span.set_attributes(
                 {

@@ -208,5 +208,5 @@ class Policy(StrictModel):
             for tier in self.dispatch.tier_timeouts
             if tier not in self.tiers
         )
-        found.extend(self.routing.issues(self.tiers))
+        found.extend(self.routing.issues(self.tiers, self.deployments))
         return found

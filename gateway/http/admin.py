@@ -30,11 +30,13 @@ from gateway.http.state import (
     ACCOUNTING,
     DASHBOARD,
     DISPATCHER,
+    DRIFT,
     KEYS,
     LIMITER,
     POLICY,
     POOL,
     SETTINGS,
+    SHADOW,
     SUPERVISOR,
 )
 from gateway.policy import Policy
@@ -120,13 +122,15 @@ async def admin_stats(request: web.Request) -> web.Response:
 
 async def admin_dashboard(request: web.Request) -> web.Response:
     """What ``GET /dashboard`` shows: latency, mix, errors, retries, cost, cache, per key from
-    Redis, and under ``live`` this process's view of each deployment now."""
+    Redis, under ``live`` this process's view of each deployment now, and under ``routing``
+    its classifier's live strong share against the calibrated target."""
     config = request.config_dict
     report = config[DASHBOARD].report
 
     async def with_live(policy: Policy, since_s: int) -> dict[str, Any]:
         body = await report(policy, since_s)
         body["live"] = live_deployments(config, list(policy.deployments))
+        body["routing"] = config[DRIFT].summary()
         return body
 
     return await _redis_report(request, with_live)
@@ -183,6 +187,16 @@ async def admin_dispatch(request: web.Request) -> web.Response:
     return json_response(request.config_dict[DISPATCHER].status())
 
 
+async def admin_routing_drift(request: web.Request) -> web.Response:
+    """``GET /admin/routing/drift``: the classifier's live strong share against the calibrated
+    target, the score distribution, and the shadow sample's counters (this process's)."""
+    config = request.config_dict
+    shadow = config[SHADOW]
+    body = config[DRIFT].report()
+    body["shadow"] = {**shadow.counters, "in_flight": shadow.in_flight}
+    return json_response(body)
+
+
 async def admin_create_key(request: web.Request) -> web.Response:
     """``POST /admin/keys``: a new virtual key; the secret is in this answer only."""
     body = await read_json(request)
@@ -230,6 +244,7 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dashboard", admin_dashboard)
     admin.router.add_get("/replicas", admin_replicas)
     admin.router.add_get("/dispatch", admin_dispatch)
+    admin.router.add_get("/routing/drift", admin_routing_drift)
     admin.router.add_post("/keys", admin_create_key)
     admin.router.add_get("/keys", admin_list_keys)
     admin.router.add_delete("/keys/{key_id}", admin_revoke_key)

@@ -34,6 +34,7 @@ from gateway.http.state import (
     DASHBOARD_HTML,
     DISPATCHER,
     DRAINING,
+    DRIFT,
     IN_FLIGHT,
     KEYS,
     LIMITER,
@@ -44,6 +45,7 @@ from gateway.http.state import (
     REDIS,
     SECRETS,
     SETTINGS,
+    SHADOW,
     SHAPING,
     STAGES,
     STATS,
@@ -54,6 +56,8 @@ from gateway.http.state import (
 from gateway.pipeline import Stages
 from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
+from gateway.routing.drift import DriftMonitor
+from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState
 from gateway.store import connect
 from gateway.store.gate import RedisGate
@@ -143,6 +147,19 @@ async def _metrics_sync(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _learning(app: web.Application) -> AsyncIterator[None]:
+    # The shadow sample's calls run off the client's path; at stop they are dropped.
+    dispatcher = app[DISPATCHER]
+    shadow = app[SHADOW] = ShadowSampler(
+        app[POOL], dispatcher.available, app[STATS], app[REDIS], on_outcome=app[METRICS].shadow_outcome
+    )
+    app[DRIFT] = DriftMonitor(app[POLICY])
+    try:
+        yield
+    finally:
+        await shadow.close()
+
+
 async def _stages(app: web.Application) -> AsyncIterator[None]:
     limiter = app[LIMITER]
     app[STAGES] = Stages(
@@ -156,8 +173,10 @@ async def _stages(app: web.Application) -> AsyncIterator[None]:
             app[DASHBOARD].record,
             app[METRICS].record,
             limiter.record,
+            app[DRIFT].record,
             tlog.log_request,
         ),
+        shadow=app[SHADOW],
     )
     yield
 
@@ -201,7 +220,18 @@ def create_app(
     if tracer is None and app[TRACING] is not None:
         app.cleanup_ctx.append(_tracing)
     app.cleanup_ctx.extend(
-        [_redis, _pool, _stats_writer, _accounting, _keys, _policy, _shared_state, _metrics_sync, _stages]
+        [
+            _redis,
+            _pool,
+            _stats_writer,
+            _accounting,
+            _keys,
+            _policy,
+            _shared_state,
+            _metrics_sync,
+            _learning,
+            _stages,
+        ]
     )
     chat = proxy.proxy("/chat/completions", ChatCompletionRequest, True)
     app.on_startup.append(ops.check_setup)

@@ -20,6 +20,8 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.pipeline import Stages
 from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
+from gateway.routing.drift import DriftMonitor
+from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
@@ -51,6 +53,8 @@ DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
 KEYS = web.AppKey("keys", KeyStore)
 LIMITER = web.AppKey("limiter", Limiter)
 STAGES = web.AppKey("stages", Stages)
+SHADOW = web.AppKey("shadow", ShadowSampler)
+DRIFT = web.AppKey("drift", DriftMonitor)
 AUTH_MODE = web.AppKey("auth_mode", str)
 SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
 DRAINING = web.AppKey("draining", asyncio.Event)

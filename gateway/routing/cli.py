@@ -1,7 +1,8 @@
-"""``switchyard route explain | fit | calibrate | eval``: read, fit and check a routing policy.
+"""``switchyard route explain | fit | calibrate | eval | judge``: read, fit and check a routing policy.
 
 ``eval`` lives in :mod:`gateway.routing.evaluate`, the ``ngram`` fit in
-:mod:`gateway.routing.fit_command`; this module registers them all.
+:mod:`gateway.routing.fit_command`, ``judge`` in :mod:`gateway.routing.judge`; this module
+registers them all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gateway.routing.datafiles import labels as _labels
 from gateway.routing.evaluate import register_eval
 from gateway.routing.features import FEATURE_NAMES, extract
 from gateway.routing.fit_command import cmd_fit_ngram, register_fit_options
+from gateway.routing.judge import register_judge
 from gateway.routing.quality import threshold_for_share
 from gateway.routing.resolve import Router
 
@@ -109,12 +111,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     threshold = threshold_for_share(scores, args.strong_share)
     share = sum(s >= threshold for s in scores) / len(scores)
     print(f"# {len(scores)} prompts: threshold {threshold:.4f} sends {share:.1%} to strong", file=sys.stderr)
-    print(yaml.safe_dump({"routing": {"threshold": round(threshold, 4)}}, sort_keys=False), end="")
+    # The target goes with the threshold: the drift warning compares the live share with it.
+    block = {"threshold": round(threshold, 4), "calibration": {"strong_share": args.strong_share}}
+    print(yaml.safe_dump({"routing": block}, sort_keys=False), end="")
     return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("route", help="explain, fit, calibrate and evaluate the routing policy")
+    p = sub.add_parser("route", help="explain, fit, calibrate, evaluate and judge the routing policy")
     rsub = p.add_subparsers(dest="route_command", required=True)
     policy_help = "policy file (default: $SWITCHYARD_POLICY, else the embedded policy)"
 
@@ -147,3 +151,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     calibrate.set_defaults(func=_cmd_calibrate)
 
     register_eval(rsub, policy_help)
+    register_judge(rsub, policy_help)

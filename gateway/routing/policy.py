@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from gateway.routing.classifiers import AnyClassifierSettings, ClassifierSettings
+from gateway.routing.loop_policy import Calibration, Judge, Shadow
 from gateway.routing.rules import Rule
 from gateway.validation import Issue, StrictModel
 
@@ -48,10 +49,20 @@ class RoutingPolicy(StrictModel):
     choice: Choice = "preference"
     choice_by_tier: dict[str, Choice] = Field(default_factory=dict)
     escalation: Escalation = Field(default_factory=Escalation)
+    shadow: Shadow | None = Field(None, description="The shadow sample (off by default: it stores prompts).")
+    judge: Judge | None = Field(None, description="The deployment `route judge` asks.")
+    calibration: Calibration = Field(default_factory=Calibration)
 
-    def issues(self, tiers: dict[str, Any]) -> list[Issue]:
-        """Tier names this section uses that the policy does not define."""
+    def issues(self, tiers: dict[str, Any], deployments: dict[str, Any] | None = None) -> list[Issue]:
+        """Tier (and deployment) names this section uses that the policy does not define."""
         found = []
+        if self.judge is not None and deployments is not None and self.judge.deployment not in deployments:
+            found.append(
+                Issue(
+                    loc=("routing", "judge", "deployment"),
+                    message=f"unknown deployment '{self.judge.deployment}'",
+                )
+            )
         named: list[tuple[tuple[int | str, ...], str]] = [(("routing", "default_tier"), self.default_tier)]
         if self.classifier is not None:
             named += [

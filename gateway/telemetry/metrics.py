@@ -34,6 +34,7 @@ LATENCY_LABELS = ("deployment", "tier", "stream", "prompt_size")
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
+ROUTE_SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
 ENDPOINTS = frozenset(
     {
@@ -143,6 +144,28 @@ class Metrics:
         self.log_lines_dropped = Counter(
             "switchyard_log_lines_dropped", "Log lines dropped because stdout could not keep up.", registry=r
         )
+        self.route_decisions = Counter(
+            "switchyard_route_decisions",
+            "Routing decisions of requests the router decided (model auto, or route_all), by tier and"
+            " by what decided: score (the classifier), rule, hint or default.",
+            ("tier", "by"),
+            registry=r,
+        )
+        self.route_score = Histogram(
+            "switchyard_route_score",
+            "The classifier's strong probability per decision it made, by the tier it chose.",
+            ("tier",),
+            buckets=ROUTE_SCORE_BUCKETS,
+            registry=r,
+        )
+        self.shadow_calls = Counter(
+            "switchyard_shadow_calls",
+            "Shadow sample outcomes: sampled, stored, failed, skipped_rate, skipped_busy,"
+            " skipped_budget, skipped_unavailable, skipped_key, too_large, escalations_stored.",
+            ("outcome",),
+            registry=r,
+        )
+        self._route: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._latency: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = {}
         self._by_deployment: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
@@ -158,6 +181,9 @@ class Metrics:
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)
         child.inc()
+        route = done.route
+        if route is not None and route.reason != "model":
+            self._record_route(route.tier or "", route.reason, route.score)
         if not deployment:
             return
         labels = (deployment, tier, "true" if done.stream else "false", prompt_size(done.prompt_tokens))
@@ -191,6 +217,22 @@ class Metrics:
             counters[2].inc(done.completion_tokens)
         if done.cost_nano_usd:
             counters[3].inc(done.cost_nano_usd / NANO_USD)
+
+    def _record_route(self, tier: str, reason: str, score: float | None) -> None:
+        by = "rule" if reason.startswith("rule:") else reason
+        children = self._route.get((tier, by))
+        if children is None:
+            children = self._route[tier, by] = (
+                self.route_decisions.labels(tier, by),
+                self.route_score.labels(tier),
+            )
+        children[0].inc()
+        if score is not None:
+            children[1].observe(score)
+
+    def shadow_outcome(self, outcome: str) -> None:
+        """Count one outcome of the shadow sample (:mod:`gateway.routing.shadow`)."""
+        self.shadow_calls.labels(outcome).inc()
 
     def _add(self, key: Any, counter: Any, total: int) -> None:
         delta = total - self._synced.get(key, 0)

@@ -17,6 +17,7 @@ from gateway.cachestats.cost import cost_nano_usd
 if TYPE_CHECKING:
     from gateway.auth.keys import KeyRecord
     from gateway.context import RequestContext
+    from gateway.routing.resolve import Route
     from gateway.shaping.shaper import ShapeResult
 
 
@@ -52,6 +53,8 @@ class FinishedRequest:
     shape: ShapeResult | None
     prefix_chain: list[int] | None
     cache_ttl_s: float
+    route: Route | None = None
+    """The router's decision (tier, reason, classifier score), before any escalation."""
 
     @property
     def failed(self) -> bool:
@@ -91,4 +94,5 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         shape=ctx.shape,
         prefix_chain=ctx.prefix_chain,
         cache_ttl_s=policy.shaping.cache_ttl_s,
+        route=ctx.route,
     )

@@ -22,6 +22,7 @@ ADMIN_GETS = (
     "/admin/dispatch",
     "/admin/keys",
     "/admin/costs",
+    "/admin/routing/drift",
 )
 
 
