@@ -31,7 +31,9 @@ from gateway.shaping.canonical import canonical_wrapper
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
+    ELEMENT,
     FENCE,
+    LEAD_IN,
     LINES,
     SECTION,
     Unit,
@@ -62,7 +64,14 @@ class _Head(NamedTuple):
     detected: list[bool]
     hashes: list[str]
     rag: int
+    rag_hash: str
+    """The retrieval block's identity: the hash of its element lines alone, without the lead-in
+    or heading it may read as having (a line placed before it on one pass must not make it
+    look retrieved anew on the next)."""
     skeleton: str
+    ambiguous: bool
+    """An element holds another of its name: read with its nesting counted or up to its first
+    closing tag, its extent differs, and which one the model reads is a guess: nothing moves."""
 
 
 @dataclass(slots=True)
@@ -166,6 +175,7 @@ class PolicyShaper:
         # What a head's text reads as (units, verdicts, hashes, skeleton) depends on the text
         # alone: a system prompt sent again, as most are, is read once (bounded, oldest out).
         self._heads: dict[tuple[str, str], _Head] = {}
+        self._whole: dict[tuple[str, tuple[int, ...], tuple[int, ...]], bool] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -333,9 +343,11 @@ class PolicyShaper:
             if len(self._heads) >= _HEADS_KEPT:
                 del self._heads[next(iter(self._heads))]
             self._heads[head_key] = read
-        lines, units, texts, detected, hashes, rag, skeleton = read
+        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous = read
         result.template = template or skeleton
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
+        if ambiguous:
+            moving, rag = [False] * len(units), -1
         key, previous = self._layout(messages, result.template)
         if previous is not None:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
@@ -351,12 +363,11 @@ class PolicyShaper:
         to_end = not (policy.placement == "before_last_user" and last_user > 0)
         if rag >= 0:
             moving[rag] = False
-            h = hashes[rag]
             if (
                 not to_end
                 and previous is not None
-                and h not in previous.moved
-                and not _has_hash(previous.stable, h)
+                and hashes[rag] not in previous.moved
+                and not _has_hash(previous.stable, rag_hash)
             ):
                 # Passages retrieved anew for this turn: before the newest user turn, whole, like
                 # any content that changes within the conversation (the history stays cached).
@@ -367,14 +378,23 @@ class PolicyShaper:
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
         end = [m and not x for m, x in zip(moving, late, strict=True)]
         order, rag = _place(units, lines, moving, end, rag)
+        end_idx = list(compress(range(len(units)), end))
+        late_idx = list(compress(range(len(units)), late))
+        if (end_idx or late_idx or rag >= 0) and not self._reads_whole(
+            content, texts, (*order, *end_idx), late_idx
+        ):
+            # Side by side in their new places, some units would read as one (an unclosed tag
+            # swallowing an element, two lines joining into a sentence): nothing moves.
+            moving = [False] * len(units)
+            order, rag, end_idx, late_idx = list(range(len(units))), -1, [], []
         stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
         stable_hashes = "".join([hashes[i] for i in stable_idx])
         stable_key = stable_hashes.encode()
         if key:
-            self._remember(key, hashes, moving, stable_hashes + (hashes[rag] if rag >= 0 else ""))
+            # The retrieval block, wherever it stays, is known by its element lines.
+            kept_rag = read.rag >= 0 and not moving[read.rag]
+            self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
         has_stable = any(texts[i].strip() for i in stable_idx)
-        end_idx = list(compress(range(len(units)), end))
-        late_idx = list(compress(range(len(units)), late))
         stable_text = "\n".join([texts[i] for i in order if i != rag])
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
@@ -396,6 +416,24 @@ class PolicyShaper:
                 last_user, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)}
             )
         return stable_key
+
+    def _reads_whole(
+        self, content: str, texts: list[str], head_order: Sequence[int], late_idx: list[int]
+    ) -> bool:
+        """Whether the units, in their new places (``head_order`` in the head, ``late_idx`` in a
+        message of their own), are read back as the same units: shaping the shaped text then
+        finds what it found in the original, and no unit reads as part of another (memoized:
+        a template's requests mostly make the same moves)."""
+        memo_key = (content, tuple(head_order), tuple(late_idx))
+        found = self._whole.get(memo_key)
+        if found is None:
+            found = _units_kept([texts[i] for i in head_order]) and (
+                not late_idx or _units_kept([texts[i] for i in late_idx])
+            )
+            if len(self._whole) > 256:
+                self._whole.clear()
+            self._whole[memo_key] = found
+        return found
 
     def _read_head(self, content: str, tool_names: str) -> _Head:
         """What a head's text reads as: its lines, units, each unit's text, whether a detector
@@ -424,9 +462,14 @@ class PolicyShaper:
                 detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
                 hashes.append(line_hash(text))
         policy = self.policy
-        rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
+        rag, element_start = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else (-1, 0)
+        rag_hash = line_hash("\n".join(lines[element_start : units[rag].end])) if rag >= 0 else ""
         skeleton = self._skeleton(lines, outside, units[rag] if rag >= 0 else None, tool_names)
-        return _Head(lines, units, texts, detected, hashes, rag, skeleton)
+        ambiguous = any(
+            unit.kind == ELEMENT and sum(_opens(line, unit.tag) for line in lines[unit.start : unit.end]) > 1
+            for unit in units
+        )
+        return _Head(lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous)
 
     def _late(
         self,
@@ -553,27 +596,29 @@ def _conversation(messages: list[Any], template: str) -> str:
     return ""
 
 
-def _rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> int:
+def _rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> tuple[int, int]:
     """The index of the retrieval block: the one unit that opens, on a line of its own, with
     a marker and closes with it (a marker inside a sentence, a code block or another element
     is not one); -1 when there is none, or more than one (which is the retrieved one would be
-    a guess, and moving either would reorder them on every pass)."""
-    found = -1
+    a guess, and moving either would reorder them on every pass). Second, the line its
+    element opens on (after its heading or lead-in, if it has one)."""
+    found, found_start = -1, 0
     for i, unit in enumerate(units):
         if unit.end - unit.start < 2:
             continue
-        first, last = lines[unit.start].strip(), lines[unit.end - 1].strip()
+        start = unit.start
+        first, last = lines[start].strip(), lines[unit.end - 1].strip()
         if unit.kind == SECTION or first.endswith(":"):
             # A heading or a lead-in, then the block: they move with it.
-            body = (line.strip() for line in lines[unit.start + 1 : unit.end])
-            first = next((line for line in body if line), "")
+            start = next((n for n in range(unit.start + 1, unit.end) if lines[n].strip()), unit.end - 1)
+            first = lines[start].strip()
         for start_marker, end_marker in markers:
             if first.startswith(start_marker) and last.endswith(end_marker):
                 if found >= 0:
-                    return -1
-                found = i
+                    return -1, 0
+                found, found_start = i, start
                 break
-    return found
+    return found, found_start
 
 
 def _place(
@@ -610,6 +655,23 @@ def _place(
     return [*stable[: last + 1], rag, *stable[last + 1 :]], rag
 
 
+def _opens(line: str, tag: str) -> int:
+    """How many times ``line`` opens an element named ``tag``."""
+    return line.count(f"<{tag}>") + line.count(f"<{tag} ")
+
+
+def _units_kept(texts: list[str]) -> bool:
+    """Whether ``texts`` (units' texts), joined line by line, segment into exactly those units."""
+    lines = "\n".join(texts).split("\n")
+    ends: list[int] = []
+    at = 0
+    for text in texts:
+        at += text.count("\n") + 1
+        ends.append(at)
+    units, _ = segment_cached(lines)
+    return [unit.end for unit in units] == ends
+
+
 def _chain_joins(units: list[Unit], lines: list[str], chain: list[int]) -> bool:
     """Whether any unit of ``chain``, placed right after the one before it, would read as part of it."""
     return any(_would_join(units, lines, a, b) for a, b in itertools.pairwise(chain))
@@ -628,6 +690,8 @@ def _would_join(units: list[Unit], lines: list[str], before: int, after: int) ->
             return True
         return level(lines[units[after].start]) > level(lines[units[before].start])
     a, b = lines[units[before].end - 1], lines[units[after].start]
+    if units[before].kind == LINES and line_kind(a) == LEAD_IN:
+        return True  # a lead-in line introduces whatever follows it, an element or a block too
     return (
         units[after].kind == LINES and units[before].kind == LINES and glued(a, line_kind(a), b, line_kind(b))
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.shaping.check import semantic_changes, structures
@@ -233,6 +233,9 @@ _PIECES = [
     st.sampled_from(["end_of_system", "before_last_user"]),
     st.booleans(),
 )
+# Once placed after "System info:" the block read as having that lead-in, looked retrieved anew
+# on the next pass and moved again.
+@example(["You are helpful.", "<context>", "</context>", "System info:"], "before_last_user", True)
 def test_structured_prompts_keep_their_meaning_and_shape_once(
     pieces: list[str], placement: str, rag: bool
 ) -> None:
@@ -271,3 +274,33 @@ def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole(
     # The history stays a common prefix: the passages of this turn sit after it, whole.
     assert body["messages"][0]["content"] == "You are Acme's assistant.\nCite passages by number."
     assert body["messages"][-2] == {"role": "system", "content": docs}
+
+
+def test_a_retrieval_block_never_lands_after_a_lead_in_and_shaping_twice_changes_nothing() -> None:
+    system = "You are helpful.\n<context>\n</context>\nSystem info:"
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    turns = [("user", "a"), ("assistant", "b"), ("user", "c")]
+    original = {
+        "messages": [{"role": "system", "content": system}] + [{"role": r, "content": c} for r, c in turns]
+    }
+    body = copy.deepcopy(original)
+    shaper.shape(body)
+    # After the lead-in it would read as what "System info:" introduces: it stays.
+    assert body == original
+    shaper.shape(body)
+    assert body == original
+
+
+def test_a_retrieval_block_is_known_by_its_element_lines_not_by_the_lead_in_before_it() -> None:
+    # The same passages, once bare and once with a lead-in: not retrieved anew, nothing moves
+    # before the newest user turn.
+    docs = "<context>\n[1] Refunds take 5 days.\n</context>"
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    history: list[dict[str, Any]] = []
+    for system in (f"You are Acme's assistant.\n{docs}", f"You are Acme's assistant.\nPassages:\n{docs}"):
+        body = {
+            "messages": [{"role": "system", "content": system}, *history, {"role": "user", "content": "q"}]
+        }
+        shaper.shape(body)
+        history += [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
