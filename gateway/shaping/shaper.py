@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from gateway.shaping.canonical import canonical_wrapper
-from gateway.shaping.policy import ShapingPolicy
+from gateway.shaping.placement import Placements
+from gateway.shaping.policy import Placement, ShapingPolicy
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
     ELEMENT,
@@ -82,8 +83,12 @@ class ShapeResult:
     moved: int = 0
     rag_moved: bool = False
     moved_before_user: int = 0
-    """Of the moved units, those that went before the newest user turn (they change within the
-    conversation); the others went to the end of the system message."""
+    """Of the moved units, those that went into a system message of their own later in the
+    conversation (they change within it): before the newest user turn, or after the last tool
+    result (``late_at``); the others went to the end of the system message."""
+    late_at: str = "user"
+    """Where that message went: ``user`` (before the newest user turn) or ``tool`` (after the
+    last tool result of the agent step under way)."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
@@ -105,7 +110,9 @@ class ShapeResult:
         parts.append(f"stable_prefix_tokens={self.stable_prefix_tokens}")
         parts.append(f"template={self.template}")
         if self.moved:
-            parts.append(f"to=end:{self.moved - self.moved_before_user},user:{self.moved_before_user}")
+            parts.append(
+                f"to=end:{self.moved - self.moved_before_user},{self.late_at}:{self.moved_before_user}"
+            )
         return "; ".join(parts)
 
 
@@ -166,8 +173,9 @@ class PolicyShaper:
     holds one). What shaping learns across requests and policies lives in
     :class:`~gateway.shaping.service.ShapingState`."""
 
-    def __init__(self, policy: ShapingPolicy) -> None:
+    def __init__(self, policy: ShapingPolicy, placements: Placements | None = None) -> None:
         self.policy = policy
+        self.placements = placements if placements is not None else Placements.everywhere(policy.placement)
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
@@ -241,7 +249,10 @@ class PolicyShaper:
                 body["response_format"] = self._canonical(fmt)
         stable_head = b""
         if head is not None:
-            stable_head = self._shape_head(messages, head, tool_names, result, stability, writer, template)
+            at = _late_index(messages, self.placements(body.get("model")))
+            stable_head = self._shape_head(
+                messages, head, tool_names, result, stability, writer, template, at
+            )
         tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
         result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
@@ -261,12 +272,15 @@ class PolicyShaper:
         stability: StabilityModel | None,
         writer: StatsWriter | None,
         template: str | None,
+        at: int,
     ) -> bytes:
-        """Shape the head message; the hashes of its stable units (for the prefix hash)."""
+        """Shape the head message; the hashes of its stable units (for the prefix hash). ``at``:
+        where a system message of per-request content goes (-1: nowhere, see :func:`_late_index`)."""
         content: str | list[Any] = head["content"]
         if isinstance(content, str):
-            return self._shape_text(messages, head, content, tool_names, result, stability, writer, template)
-        policy = self.policy
+            return self._shape_text(
+                messages, head, content, tool_names, result, stability, writer, template, at
+            )
         detect = self.detectors.line
         texts = _texts(content)
         lines = [t for t in texts if t is not None]
@@ -290,11 +304,11 @@ class PolicyShaper:
             return stable_key if has_stable else b""
         result.moved = len(volatile)
         result.head_stable_parts = len(stable)
-        last_user = _last_user_index(messages)
-        if policy.placement == "before_last_user" and last_user > 0:
+        if at > 0:
             head["content"] = stable
-            messages.insert(last_user, {"role": head["role"], "content": volatile})
+            messages.insert(at, {"role": head["role"], "content": volatile})
             result.moved_before_user = len(volatile)
+            result.late_at = "tool" if at == len(messages) - 1 else "user"
         else:
             shaped = [*stable, *volatile]
             if shaped == content:  # already stable first, volatile last: a shaped request
@@ -333,9 +347,9 @@ class PolicyShaper:
         stability: StabilityModel | None,
         writer: StatsWriter | None,
         template: str | None,
+        at: int,
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
-        policy = self.policy
         head_key = (content, tool_names)
         read = self._heads.get(head_key)
         if read is None:
@@ -359,8 +373,7 @@ class PolicyShaper:
                 h = hashes[i]
                 if h not in moved and _has_hash(stable_before, h):
                     moving[i] = False
-        last_user = _last_user_index(messages)
-        to_end = not (policy.placement == "before_last_user" and last_user > 0)
+        to_end = at < 0
         if rag >= 0:
             moving[rag] = False
             if (
@@ -372,7 +385,7 @@ class PolicyShaper:
                 # Passages retrieved anew for this turn: before the newest user turn, whole, like
                 # any content that changes within the conversation (the history stays cached).
                 moving[rag], rag = True, -1
-        late = self._late(messages, last_user, previous, hashes, moving, detected, to_end)
+        late = self._late(messages, at, previous, hashes, moving, detected)
         late_idx = list(compress(range(len(units)), late))
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
@@ -412,9 +425,8 @@ class PolicyShaper:
         result.rag_moved = rag >= 0 and order != sorted(order)
         head["content"] = shaped
         if late_idx:
-            messages.insert(
-                last_user, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)}
-            )
+            messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
+            result.late_at = "tool" if at == len(messages) - 1 else "user"
         return stable_key
 
     def _reads_whole(
@@ -474,26 +486,24 @@ class PolicyShaper:
     def _late(
         self,
         messages: list[Any],
-        last_user: int,
+        at: int,
         previous: _Layout | None,
         hashes: list[str],
         moving: list[bool],
         detected: list[bool],
-        to_end: bool,
     ) -> list[bool]:
-        """Per unit, whether it goes before the newest user turn rather than to the end of the
-        system message: only what changes *within* a conversation pays to go there (a
-        per-session value there pushes the previous turn out of the reusable prefix).
+        """Per unit, whether it goes into a system message at ``at`` (before the newest user
+        turn, or after the last tool result) rather than to the end of the system message: only
+        what changes *within* a conversation pays to go there (a per-session value there
+        pushes the previous turn out of the reusable prefix).
 
         A unit the conversation's previous request had too is per-session (end of the system
         message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
         per-request and what the learned model found (a name, a directory) as per-session."""
-        if to_end or not any(
-            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:last_user]
-        ):
-            # A first turn has no history to keep reusable: the end of the system message is as
-            # good, and the next turn finds it there (its prefix then reaches past it).
+        if at < 0 or not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at]):
+            # A first turn (not yet an agent step) has no history to keep reusable: the end of
+            # the system message is as good, and the next turn finds it there.
             return [False] * len(moving)
         if previous is None:
             return [m and d for m, d in zip(moving, detected, strict=True)]
@@ -566,6 +576,23 @@ class PolicyShaper:
                 else ""
             )
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
+
+
+def _late_index(messages: list[Any], placement: Placement) -> int:
+    """Where a system message of per-request content goes (-1: nowhere; it stays in the system
+    message): after the last tool result while an agent step is under way (the conversation
+    ends in tool results) and ``after_last_tool`` is allowed, so that the step's calls and
+    results stay a reusable prefix; else before the newest user turn."""
+    if placement == "end_of_system":
+        return -1
+    last_user = _last_user_index(messages)
+    if last_user <= 0:
+        return -1
+    if placement == "after_last_tool" and last_user < len(messages) - 1:
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "tool":
+            return len(messages)
+    return last_user
 
 
 def _last_user_index(messages: list[Any]) -> int:
