@@ -34,6 +34,7 @@ from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
     ELEMENT,
     FENCE,
+    ITEM,
     LEAD_IN,
     LINES,
     SECTION,
@@ -89,6 +90,11 @@ class ShapeResult:
     late_at: str = "user"
     """Where that message went: ``user`` (before the newest user turn) or ``tool`` (after the
     last tool result of the agent step under way)."""
+    moves: list[tuple[str, str, str]] = field(default_factory=list)
+    """Per moved unit (the retrieval block included): what it is (``line``, ``list``,
+    ``section``, ``<env>``, ``code block``, ``part``, ``retrieved``), why it moved (see
+    :data:`REASONS`) and where to (``end``, ``user``, ``tool``, ``instructions``) — for the
+    cache stats, which keep it per request."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
@@ -114,6 +120,30 @@ class ShapeResult:
                 f"to=end:{self.moved - self.moved_before_user},{self.late_at}:{self.moved_before_user}"
             )
         return "; ".join(parts)
+
+
+REASONS = {
+    "changes within the conversation": "it differed in the conversation's previous request",
+    "same within the conversation": "volatile across conversations, constant within this one",
+    "first turn": "volatile; no history yet to keep cached ahead of it",
+    "placement": "volatile; the deployments it may reach take system text only at the top",
+    "retrieved": "the retrieval block, after the instructions",
+    "retrieved anew": "passages new in this conversation's request",
+}
+"""The reasons a unit moved, as :attr:`ShapeResult.moves` gives them, and what each means."""
+
+
+def _unit_kind(unit: Unit, lines: list[str]) -> str:
+    """What a unit is, in a word (for the per-request record of moves)."""
+    if unit.kind == ELEMENT:
+        return f"<{unit.tag}>" if unit.tag else "element"
+    if unit.kind == FENCE:
+        return "code block"
+    if unit.kind == SECTION:
+        return "section"
+    if unit.end - unit.start == 1:
+        return "line"
+    return "list" if any(line_kind(line) == ITEM for line in lines[unit.start : unit.end]) else "lines"
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +339,13 @@ class PolicyShaper:
             messages.insert(at, {"role": head["role"], "content": volatile})
             result.moved_before_user = len(volatile)
             result.late_at = "tool" if at == len(messages) - 1 else "user"
+            result.moves = [("part", "changes within the conversation", result.late_at)] * len(volatile)
         else:
             shaped = [*stable, *volatile]
             if shaped == content:  # already stable first, volatile last: a shaped request
                 result.moved = 0
+            else:
+                result.moves = [("part", "placement" if at < 0 else "first turn", "end")] * len(volatile)
             head["content"] = shaped
         return stable_key
 
@@ -427,7 +460,38 @@ class PolicyShaper:
         if late_idx:
             messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
             result.late_at = "tool" if at == len(messages) - 1 else "user"
+        result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
+
+    def _moves(
+        self,
+        messages: list[Any],
+        at: int,
+        units: list[Unit],
+        lines: list[str],
+        rag_unit: int,
+        end_idx: list[int],
+        late_idx: list[int],
+        result: ShapeResult,
+    ) -> list[tuple[str, str, str]]:
+        """What moved, why and where (see :attr:`ShapeResult.moves`)."""
+        moves: list[tuple[str, str, str]] = []
+        if result.rag_moved:
+            moves.append(("retrieved", "retrieved", "instructions"))
+        if end_idx:
+            if at < 0:
+                why = "placement"
+            elif _has_history(messages, at):
+                why = "same within the conversation"
+            else:
+                why = "first turn"
+            moves += [(_unit_kind(units[i], lines), why, "end") for i in end_idx]
+        for i in late_idx:
+            if i == rag_unit:
+                moves.append(("retrieved", "retrieved anew", result.late_at))
+            else:
+                moves.append((_unit_kind(units[i], lines), "changes within the conversation", result.late_at))
+        return moves
 
     def _reads_whole(
         self, content: str, texts: list[str], head_order: Sequence[int], late_idx: list[int]
@@ -501,7 +565,7 @@ class PolicyShaper:
         message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
         per-request and what the learned model found (a name, a directory) as per-session."""
-        if at < 0 or not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at]):
+        if at < 0 or not _has_history(messages, at):
             # A first turn (not yet an agent step) has no history to keep reusable: the end of
             # the system message is as good, and the next turn finds it there.
             return [False] * len(moving)
@@ -576,6 +640,11 @@ class PolicyShaper:
                 else ""
             )
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
+
+
+def _has_history(messages: list[Any], at: int) -> bool:
+    """Whether an answer (an assistant turn) comes before position ``at``."""
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at])
 
 
 def _late_index(messages: list[Any], placement: Placement) -> int:
