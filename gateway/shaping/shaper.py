@@ -22,12 +22,13 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import itemgetter, not_
-from typing import Any, NamedTuple
+from operator import not_
+from typing import Any
 
 import orjson
 
 from gateway.shaping.canonical import canonical_wrapper
+from gateway.shaping.heads import HeadReader
 from gateway.shaping.placement import Placements
 from gateway.shaping.policy import Placement, ShapingPolicy
 from gateway.shaping.stability import StabilityModel
@@ -43,7 +44,6 @@ from gateway.shaping.units import (
     level,
     line_kind,
     segment_cached,
-    unit_text,
 )
 from gateway.shaping.volatile import Detectors, line_hash
 from gateway.store.writer import StatsWriter
@@ -53,27 +53,6 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
-_FIRST, _THIRD = itemgetter(0), itemgetter(2)
-_HEADS_KEPT = 128  # head texts read and kept per policy (a 12k-token prompt is ~50 kB)
-
-
-class _Head(NamedTuple):
-    """A head's text as read (see :meth:`PolicyShaper._read_head`); shared, never mutated."""
-
-    lines: list[str]
-    units: list[Unit]
-    texts: list[str]
-    detected: list[bool]
-    hashes: list[str]
-    rag: int
-    rag_hash: str
-    """The retrieval block's identity: the hash of its element lines alone, without the lead-in
-    or heading it may read as having (a line placed before it on one pass must not make it
-    look retrieved anew on the next)."""
-    skeleton: str
-    ambiguous: bool
-    """An element holds another of its name: read with its nesting counted or up to its first
-    closing tag, its extent differs, and which one the model reads is a guess: nothing moves."""
 
 
 @dataclass(slots=True)
@@ -210,10 +189,10 @@ class PolicyShaper:
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
-        # What a head's text reads as (units, verdicts, hashes, skeleton) depends on the text
-        # alone: a system prompt sent again, as most are, is read once (bounded, oldest out).
-        self._heads: dict[tuple[str, str], _Head] = {}
-        self._whole: dict[tuple[str, tuple[int, ...], tuple[int, ...]], bool] = {}
+        # What a head's text reads as depends on the text alone; it is read against the last
+        # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
+        self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
+        self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -259,7 +238,7 @@ class PolicyShaper:
         if not policy.enabled:
             # Nothing changes; the template and its segments are still read, for the cache report.
             if head is not None:
-                result.template = template or self._template(
+                result.template = template or self._reader.template(
                     [t for t in _texts(head["content"]) if t is not None], tool_names
                 )
             self._signature(body, result)
@@ -289,10 +268,6 @@ class PolicyShaper:
         self._signature(body, result)
         return result
 
-    def _template(self, lines: list[str], tool_names: str) -> str:
-        longest = max(lines, key=len, default="")
-        return line_hash(self.detectors.line(longest)[1] + "|" + tool_names)
-
     def _shape_head(
         self,
         messages: list[Any],
@@ -320,7 +295,7 @@ class PolicyShaper:
             h if t is not None else line_hash(orjson.dumps(u).decode())
             for t, u, (_, _, h) in zip(texts, content, detected, strict=True)
         ]
-        result.template = template or self._template(lines, tool_names)
+        result.template = template or self._reader.template(lines, tool_names)
         moving = self._moving(result.template, texts, [d[0] for d in detected], hashes, stability, writer)
         volatile = [u for u, m in zip(content, moving, strict=True) if m]
         stable = [u for u, m in zip(content, moving, strict=True) if not m]
@@ -383,13 +358,7 @@ class PolicyShaper:
         at: int,
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
-        head_key = (content, tool_names)
-        read = self._heads.get(head_key)
-        if read is None:
-            read = self._read_head(content, tool_names)
-            if len(self._heads) >= _HEADS_KEPT:
-                del self._heads[next(iter(self._heads))]
-            self._heads[head_key] = read
+        read = self._reader.read(content, tool_names)
         lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous = read
         result.template = template or skeleton
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
@@ -427,7 +396,7 @@ class PolicyShaper:
         end_idx = list(compress(range(len(units)), end))
         late_idx = list(compress(range(len(units)), late))
         if (end_idx or late_idx or rag >= 0) and not self._reads_whole(
-            content, texts, (*order, *end_idx), late_idx
+            units, texts, (*order, *end_idx), late_idx
         ):
             # Side by side in their new places, some units would read as one (an unclosed tag
             # swallowing an element, two lines joining into a sentence): nothing moves.
@@ -494,58 +463,24 @@ class PolicyShaper:
         return moves
 
     def _reads_whole(
-        self, content: str, texts: list[str], head_order: Sequence[int], late_idx: list[int]
+        self, units: list[Unit], texts: list[str], head_order: Sequence[int], late_idx: list[int]
     ) -> bool:
         """Whether the units, in their new places (``head_order`` in the head, ``late_idx`` in a
         message of their own), are read back as the same units: shaping the shaped text then
-        finds what it found in the original, and no unit reads as part of another (memoized:
-        a template's requests mostly make the same moves)."""
-        memo_key = (content, tuple(head_order), tuple(late_idx))
-        found = self._whole.get(memo_key)
-        if found is None:
-            found = _units_kept([texts[i] for i in head_order]) and (
-                not late_idx or _units_kept([texts[i] for i in late_idx])
-            )
-            if len(self._whole) > 256:
-                self._whole.clear()
-            self._whole[memo_key] = found
-        return found
-
-    def _read_head(self, content: str, tool_names: str) -> _Head:
-        """What a head's text reads as: its lines, units, each unit's text, whether a detector
-        fired in it and its hash, the retrieval block (-1: none) and the template skeleton."""
-        lines = content.split("\n")
-        units, outside = segment_cached(lines)
-        verdicts = list(map(self.detectors.line, lines))
-        texts: list[str] = []
-        detected: list[bool] = []
-        hashes: list[str] = []
-        if len(units) == len(lines):  # one instruction per line: every unit a line
-            texts = lines
-            detected = list(map(_FIRST, verdicts))
-            hashes = list(map(_THIRD, verdicts))
-            units_of_lines: list[Unit] = []
-        else:
-            units_of_lines = units
-        for unit in units_of_lines:
-            if unit.end - unit.start == 1:
-                texts.append(lines[unit.start])
-                detected.append(verdicts[unit.start][0])
-                hashes.append(verdicts[unit.start][2])
-            else:
-                text = unit_text(lines, unit)
-                texts.append(text)
-                detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
-                hashes.append(line_hash(text))
-        policy = self.policy
-        rag, element_start = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else (-1, 0)
-        rag_hash = line_hash("\n".join(lines[element_start : units[rag].end])) if rag >= 0 else ""
-        skeleton = self._skeleton(lines, outside, units[rag] if rag >= 0 else None, tool_names)
-        ambiguous = any(
-            unit.kind == ELEMENT and sum(_opens(line, unit.tag) for line in lines[unit.start : unit.end]) > 1
-            for unit in units
+        finds what it found in the original, and no unit reads as part of another. Memoized
+        by the segmentation (``units``, shared by every text of the same line shapes: the
+        answer depends on the shapes alone) and the moves."""
+        memo_key = (id(units), tuple(head_order), tuple(late_idx))
+        memo = self._whole.get(memo_key)
+        if memo is not None and memo[0] is units:
+            return memo[1]
+        found = _units_kept([texts[i] for i in head_order]) and (
+            not late_idx or _units_kept([texts[i] for i in late_idx])
         )
-        return _Head(lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous)
+        if len(self._whole) > 1024:
+            self._whole.clear()
+        self._whole[memo_key] = (units, found)
+        return found
 
     def _late(
         self,
@@ -583,21 +518,6 @@ class PolicyShaper:
         if len(self._conversations) > 5_000:
             self._conversations.clear()
         self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
-
-    def _skeleton(
-        self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
-    ) -> str:
-        """The template: its tool names and its longest line, masked, outside the elements and
-        code blocks (where memories, retrieved passages and pasted files sit) and the
-        retrieval block."""
-        candidates = [
-            max(lines[a:b], key=len)
-            for a, b in outside
-            if rag is None or not (rag.start <= a and b <= rag.end)
-        ]
-        if not candidates:
-            return self._template(lines, tool_names)
-        return line_hash(self.detectors.line(max(candidates, key=len))[1] + "|" + tool_names)
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
@@ -692,31 +612,6 @@ def _conversation(messages: list[Any], template: str) -> str:
     return ""
 
 
-def _rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> tuple[int, int]:
-    """The index of the retrieval block: the one unit that opens, on a line of its own, with
-    a marker and closes with it (a marker inside a sentence, a code block or another element
-    is not one); -1 when there is none, or more than one (which is the retrieved one would be
-    a guess, and moving either would reorder them on every pass). Second, the line its
-    element opens on (after its heading or lead-in, if it has one)."""
-    found, found_start = -1, 0
-    for i, unit in enumerate(units):
-        if unit.end - unit.start < 2:
-            continue
-        start = unit.start
-        first, last = lines[start].strip(), lines[unit.end - 1].strip()
-        if unit.kind == SECTION or first.endswith(":"):
-            # A heading or a lead-in, then the block: they move with it.
-            start = next((n for n in range(unit.start + 1, unit.end) if lines[n].strip()), unit.end - 1)
-            first = lines[start].strip()
-        for start_marker, end_marker in markers:
-            if first.startswith(start_marker) and last.endswith(end_marker):
-                if found >= 0:
-                    return -1, 0
-                found, found_start = i, start
-                break
-    return found, found_start
-
-
 def _place(
     units: list[Unit], lines: list[str], moving: list[bool], end: list[bool], rag: int
 ) -> tuple[list[int], int]:
@@ -749,11 +644,6 @@ def _place(
         return stable, -1
     last = nonblank[-1] if nonblank else -1
     return [*stable[: last + 1], rag, *stable[last + 1 :]], rag
-
-
-def _opens(line: str, tag: str) -> int:
-    """How many times ``line`` opens an element named ``tag``."""
-    return line.count(f"<{tag}>") + line.count(f"<{tag} ")
 
 
 def _units_kept(texts: list[str]) -> bool:
