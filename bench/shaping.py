@@ -251,7 +251,7 @@ def _policy(sim_url: str, config: str) -> str:
     if config.startswith("on"):
         # The simulator's chat template accepts a system message anywhere (a vLLM deployment's
         # default is end_of_system: many templates accept one only first).
-        shaping = shaping[:-1] + ", deployment_placement: {sim-fast: after_last_tool}}"
+        shaping = shaping[:-1] + ", deployment_placement: {sim-fast: after_last_turn}}"
     return f"""
 deployments:
   sim-fast: {{provider: vllm, base_url: "{sim_url}/v1"}}

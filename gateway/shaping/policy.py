@@ -17,17 +17,22 @@ DETECTORS: tuple[Detector, ...] = (
 )  # fmt: skip
 
 
-Placement = Literal["end_of_system", "before_last_user", "after_last_tool"]
+Placement = Literal["end_of_system", "before_last_user", "after_last_tool", "after_last_turn"]
 """Where content that changes within a conversation goes, from the earliest place to the latest
 (the later, the more of the conversation before it stays a reusable prefix)."""
-PLACEMENTS: tuple[Placement, ...] = ("end_of_system", "before_last_user", "after_last_tool")
+PLACEMENTS: tuple[Placement, ...] = (
+    "end_of_system",
+    "before_last_user",
+    "after_last_tool",
+    "after_last_turn",
+)
 
 PROVIDER_PLACEMENT: dict[str, Placement] = {
     # Chat Completions accepts a system (or developer) message anywhere in the conversation.
-    "openai": "after_last_tool",
+    "openai": "after_last_turn",
     # The Messages API takes system text only at the top level; a later system message is
-    # sent as a text block of the user turn it sits in, which may follow tool_result blocks.
-    "anthropic": "after_last_tool",
+    # sent as a text block of the user turn it sits in, after its text or tool_result blocks.
+    "anthropic": "after_last_turn",
     # Many models' chat templates accept a system message only first (they raise otherwise).
     "vllm": "end_of_system",
 }
@@ -65,15 +70,16 @@ class ShapingPolicy(StrictModel):
         0.8, gt=0, le=1, description="A line in at least this share of them is stable."
     )
     placement: Placement = Field(
-        "after_last_tool",
+        "after_last_turn",
         description="Where content that changes within a conversation goes: the end of the "
-        "system message, a system message before the newest user turn, or (in an agent step) "
-        "one after the last tool result; capped by what each deployment accepts.",
+        "system message, a system message before the newest user turn, one after the last tool "
+        "result of an agent step (else before the newest user turn), or one after the newest "
+        "turn (the user's message or a tool result); capped by what each deployment accepts.",
     )
     deployment_placement: dict[str, Placement] = Field(
         default_factory=dict,
         description="Per deployment, the latest placement its API and chat template accept "
-        "(default per provider: openai and anthropic after_last_tool, vllm end_of_system).",
+        "(default per provider: openai and anthropic after_last_turn, vllm end_of_system).",
     )
     rag: RagPolicy = Field(default_factory=RagPolicy)
     prompt_cache_key: bool = True

@@ -67,8 +67,8 @@ class ShapeResult:
     conversation (they change within it): before the newest user turn, or after the last tool
     result (``late_at``); the others went to the end of the system message."""
     late_at: str = "user"
-    """Where that message went: ``user`` (before the newest user turn) or ``tool`` (after the
-    last tool result of the agent step under way)."""
+    """Where that message went: ``user`` (before the newest user turn), ``tool`` (after the last
+    tool result of the agent step under way) or ``turn`` (after the user's newest message)."""
     moves: list[tuple[str, str, str]] = field(default_factory=list)
     """Per moved unit (the retrieval block included): what it is (``line``, ``list``,
     ``section``, ``<env>``, ``code block``, ``part``, ``retrieved``), why it moved (see
@@ -313,7 +313,7 @@ class PolicyShaper:
             head["content"] = stable
             messages.insert(at, {"role": head["role"], "content": volatile})
             result.moved_before_user = len(volatile)
-            result.late_at = "tool" if at == len(messages) - 1 else "user"
+            result.late_at = _late_at(messages, at)
             result.moves = [("part", "changes within the conversation", result.late_at)] * len(volatile)
         else:
             shaped = [*stable, *volatile]
@@ -428,7 +428,7 @@ class PolicyShaper:
         head["content"] = shaped
         if late_idx:
             messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
-            result.late_at = "tool" if at == len(messages) - 1 else "user"
+            result.late_at = _late_at(messages, at)
         result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
 
@@ -499,7 +499,9 @@ class PolicyShaper:
         A unit the conversation's previous request had too is per-session (end of the system
         message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
-        per-request and what the learned model found (a name, a directory) as per-session."""
+        per-request and what the learned model found (a name, a directory) as per-session
+        (at the end of the system message it is cached for the rest of the conversation; after
+        the newest turn it would be sent anew each turn)."""
         if at < 0 or not _has_history(messages, at):
             # A first turn (not yet an agent step) has no history to keep reusable: the end of
             # the system message is as good, and the next turn finds it there.
@@ -562,6 +564,16 @@ class PolicyShaper:
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
 
 
+def _late_at(messages: list[Any], at: int) -> str:
+    """Where the system message inserted at ``at`` went: ``user`` (before the newest user
+    turn), ``tool`` (after an agent step's last tool result) or ``turn`` (after the user's
+    newest message)."""
+    if at < len(messages) - 1:
+        return "user"
+    before = messages[at - 1]
+    return "tool" if isinstance(before, dict) and before.get("role") == "tool" else "turn"
+
+
 def _has_history(messages: list[Any], at: int) -> bool:
     """Whether an answer (an assistant turn) comes before position ``at``."""
     return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at])
@@ -569,18 +581,21 @@ def _has_history(messages: list[Any], at: int) -> bool:
 
 def _late_index(messages: list[Any], placement: Placement) -> int:
     """Where a system message of per-request content goes (-1: nowhere; it stays in the system
-    message): after the last tool result while an agent step is under way (the conversation
-    ends in tool results) and ``after_last_tool`` is allowed, so that the step's calls and
-    results stay a reusable prefix; else before the newest user turn."""
+    message): after the newest turn (``after_last_turn``: the user's message or an agent
+    step's last tool result), after the last tool result only (``after_last_tool``), or
+    before the newest user turn. The later, the more of the conversation before it (the
+    previous turn, the step's calls and results) stays a reusable prefix."""
     if placement == "end_of_system":
         return -1
     last_user = _last_user_index(messages)
     if last_user <= 0:
         return -1
-    if placement == "after_last_tool" and last_user < len(messages) - 1:
-        last = messages[-1]
-        if isinstance(last, dict) and last.get("role") == "tool":
-            return len(messages)
+    last = messages[-1]
+    role = last.get("role") if isinstance(last, dict) else None
+    if role == "tool" and placement in ("after_last_tool", "after_last_turn"):
+        return len(messages)
+    if role == "user" and placement == "after_last_turn":
+        return len(messages)
     return last_user
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import ROOT, SimServer, sim_policy
 from tests.integration.shaping.test_shaping_stats import INSTRUCTIONS, stats
 
-PLACEMENT = "shaping: {deployment_placement: {sim-fast: after_last_tool, sim-strong: after_last_tool}}"
+PLACEMENT = "shaping: {deployment_placement: {sim-fast: after_last_turn, sim-strong: after_last_turn}}"
 
 
 @pytest.fixture(scope="module")

@@ -160,8 +160,8 @@ aliases: {small: local}
 
 def test_each_deployment_gets_the_latest_placement_its_provider_accepts() -> None:
     placements = Placements.of(parse_policy(POLICY, "p.yaml"))
-    assert placements("gpt") == "after_last_tool"
-    assert placements("claude") == "after_last_tool"
+    assert placements("gpt") == "after_last_turn"
+    assert placements("claude") == "after_last_turn"
     # Many vLLM chat templates raise on a system message that is not first.
     assert placements("local") == placements("small") == "end_of_system"
     # A tier or auto may reach any deployment (fallback, escalation): the earliest of them.

@@ -168,7 +168,7 @@ def test_a_marker_in_a_usage_example_is_not_the_retrieval_block() -> None:
 
 
 def test_per_session_values_go_to_the_end_of_the_system_message_per_request_ones_before_the_user() -> None:
-    shaper = PolicyShaper(ShapingPolicy())
+    shaper = PolicyShaper(ShapingPolicy(placement="before_last_user"))
     history: list[dict[str, Any]] = []
     for turn in range(3):
         system = f"You are helpful.\nBe brief.\nToday is 2026-12-03.\nLocal time: 10:{turn:02d}."
@@ -255,7 +255,9 @@ def test_structured_prompts_keep_their_meaning_and_shape_once(
 
 
 def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole() -> None:
-    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    shaper = PolicyShaper(
+        ShapingPolicy.model_validate({"rag": {"enabled": True}, "placement": "before_last_user"})
+    )
     history: list[dict[str, Any]] = []
     for turn in range(3):
         docs = f"<context>\n[1] Passage {turn}.\n\n[2] Another passage {turn}.\n</context>"
@@ -304,3 +306,22 @@ def test_a_retrieval_block_is_known_by_its_element_lines_not_by_the_lead_in_befo
         shaper.shape(body)
         history += [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+
+
+def test_per_request_values_go_after_the_newest_user_message_where_the_deployment_accepts_it() -> None:
+    shaper = PolicyShaper(ShapingPolicy())  # after_last_turn: the previous turn stays cached too
+    history: list[dict[str, Any]] = []
+    for turn in range(3):
+        system = f"You are helpful.\nBe brief.\nToday is 2026-12-03.\nLocal time: 10:{turn:02d}."
+        messages = [{"role": "system", "content": system}, *history, {"role": "user", "content": f"q{turn}"}]
+        original = {"messages": messages}
+        body = copy.deepcopy(original)
+        result = shaper.shape(body)
+        assert semantic_changes(original, body) == []
+        history += [{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": "a"}]
+    assert body["messages"][0]["content"] == "You are helpful.\nBe brief.\nToday is 2026-12-03."
+    assert body["messages"][-2:] == [
+        {"role": "user", "content": "q2"},
+        {"role": "system", "content": "Local time: 10:02."},
+    ]
+    assert result.header().endswith("; to=end:1,turn:1")
