@@ -41,8 +41,13 @@ class Head(NamedTuple):
     look retrieved anew on the next)."""
     skeleton: str
     ambiguous: bool
-    """An element holds another of its name: read with its nesting counted or up to its first
-    closing tag, its extent differs, and which one the model reads is a guess: nothing moves."""
+    """An element holds another of its name (read with its nesting counted or up to its first
+    closing tag, its extent differs, and which one the model reads is a guess), or no line
+    that stays names the template: nothing moves."""
+    rag_blocks: tuple[int, ...] = ()
+    """With more than one block that reads as a retrieval block, all of them (none moves:
+    which one is retrieved would be a guess, and moving one would make the other *the*
+    block on the next pass)."""
 
 
 @dataclass(slots=True)
@@ -83,13 +88,17 @@ def _pieces(lines: list[str], varying: list[int]) -> list[str]:
     return out
 
 
-def rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> tuple[int, int]:
+def rag_unit(
+    units: list[Unit], lines: list[str], markers: list[tuple[str, str]]
+) -> tuple[int, int, tuple[int, ...]]:
     """The index of the retrieval block: the one unit that opens, on a line of its own, with
     a marker and closes with it (a marker inside a sentence, a code block or another element
     is not one); -1 when there is none, or more than one (which is the retrieved one would be
     a guess, and moving either would reorder them on every pass). Second, the line its
-    element opens on (after its heading or lead-in, if it has one)."""
+    element opens on (after its heading or lead-in, if it has one); third, with more than
+    one such block, all of them."""
     found, found_start = -1, 0
+    candidates: list[int] = []
     for i, unit in enumerate(units):
         if unit.end - unit.start < 2:
             continue
@@ -101,11 +110,12 @@ def rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]
             first = lines[start].strip()
         for start_marker, end_marker in markers:
             if first.startswith(start_marker) and last.endswith(end_marker):
-                if found >= 0:
-                    return -1, 0
+                candidates.append(i)
                 found, found_start = i, start
                 break
-    return found, found_start
+    if len(candidates) > 1:
+        return -1, 0, tuple(candidates)
+    return found, found_start, ()
 
 
 def _opens(line: str, tag: str) -> int:
@@ -198,30 +208,48 @@ class HeadReader:
                 texts.append(text)
                 detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
                 hashes.append(line_hash(text))
-        rag, element_start = rag_unit(units, lines, self.rag_markers) if self.rag_markers else (-1, 0)
+        rag, element_start, rag_blocks = (
+            rag_unit(units, lines, self.rag_markers) if self.rag_markers else (-1, 0, ())
+        )
         rag_hash = line_hash("\n".join(lines[element_start : units[rag].end])) if rag >= 0 else ""
+        fired = list(map(_FIRST, verdicts))
+        # A line of a unit a detector fires in may move out of the head: not the skeleton's.
+        loud = [d for d, unit in zip(detected, units, strict=True) for _ in range(unit.end - unit.start)]
         skeleton, skeleton_line, counted = self._skeleton(
-            lines, outside, units[rag] if rag >= 0 else None, tool_names
+            lines, outside, units[rag] if rag >= 0 else None, tool_names, loud
         )
         ambiguous = any(
             unit.kind == ELEMENT and sum(_opens(line, unit.tag) for line in lines[unit.start : unit.end]) > 1
             for unit in units
         )
-        head = Head(lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous)
-        return head, skeleton_line, counted, list(map(_FIRST, verdicts))
+        # No line that stays names the template (outside elements, code and volatile units):
+        # once a volatile one moved out, the template, and the conversation it keys, would
+        # change, and with them what moves: nothing does.
+        ambiguous = ambiguous or counted is None or all(loud[i] for i in counted)
+        head = Head(lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks)
+        return head, skeleton_line, counted, fired
 
     def _skeleton(
-        self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
+        self,
+        lines: list[str],
+        outside: list[tuple[int, int]],
+        rag: Unit | None,
+        tool_names: str,
+        loud: list[bool],
     ) -> tuple[str, int, frozenset[int] | None]:
         """The template: its tool names and its longest line, masked, outside the elements and
         code blocks (where memories, retrieved passages and pasted files sit) and the
-        retrieval block. Also that line's index and the lines it was chosen from."""
+        retrieval block, and outside the units a detector fires in (``loud``: a time or a
+        date may move out of the head, and the template must not change with it). Also that
+        line's index and the lines it was chosen from."""
         ranges = [(a, b) for a, b in outside if rag is None or not (rag.start <= a and b <= rag.end)]
         if not ranges:
             index = max(range(len(lines)), key=lambda i: len(lines[i]))
             return self.template(lines, tool_names), index, None
-        index = max((i for a, b in ranges for i in range(a, b)), key=lambda i: len(lines[i]))
-        counted = frozenset(i for a, b in ranges for i in range(a, b))
+        candidates = [i for a, b in ranges for i in range(a, b)]
+        quiet = [i for i in candidates if not loud[i]]
+        index = max(quiet or candidates, key=lambda i: len(lines[i]))
+        counted = frozenset(candidates)
         return line_hash(self.detectors.line(lines[index])[1] + "|" + tool_names), index, counted
 
     def _match(self, recent: _Recent, content: str) -> list[str] | None:
@@ -266,6 +294,12 @@ class HeadReader:
                 varying = changed
         units = old.units
         line_unit = recent.line_unit
+        fired = recent.fired
+        if changed:
+            fired = list(fired)
+            fires = self.detectors.fires
+            for j in changed:
+                fired[j] = fires(lines[j])
         affected: dict[int, None] = {}
         for j in changed:
             before, after = old.lines[j], lines[j]
@@ -285,19 +319,26 @@ class HeadReader:
                 return None  # the skeleton's line may change
             affected[u] = None
         texts, detected, hashes = list(old.texts), list(old.detected), list(old.hashes)
-        fired = recent.fired
-        if changed:
-            fired = list(fired)
-            fires = self.detectors.fires
-            for j in changed:
-                fired[j] = fires(lines[j])
         for u in affected:
             unit = units[u]
             text = unit_text(lines, unit)
             texts[u] = text
             detected[u] = any(fired[unit.start : unit.end])
+            if detected[u] != old.detected[u]:
+                return None  # which lines the skeleton is chosen from changes
             hashes[u] = line_hash(text)
-        head = Head(lines, units, texts, detected, hashes, old.rag, old.rag_hash, old.skeleton, old.ambiguous)
+        head = Head(
+            lines,
+            units,
+            texts,
+            detected,
+            hashes,
+            old.rag,
+            old.rag_hash,
+            old.skeleton,
+            old.ambiguous,
+            old.rag_blocks,
+        )
         if varying is not recent.varying:
             recent.pieces = _pieces(lines, varying)
             recent.varying = varying

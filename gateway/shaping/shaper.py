@@ -359,11 +359,9 @@ class PolicyShaper:
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         read = self._reader.read(content, tool_names)
-        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous = read
+        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         result.template = template or skeleton
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
-        if ambiguous:
-            moving, rag = [False] * len(units), -1
         key, previous = self._layout(messages, result.template)
         if previous is not None:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
@@ -375,6 +373,11 @@ class PolicyShaper:
                 h = hashes[i]
                 if h not in moved and _has_hash(stable_before, h):
                     moving[i] = False
+        if ambiguous:
+            moving, rag = [False] * len(units), -1
+        for i in rag_blocks:
+            moving[i] = False
+        rag_kept = rag  # the retrieval block, wherever it goes below
         to_end = at < 0
         if rag >= 0:
             moving[rag] = False
@@ -399,9 +402,14 @@ class PolicyShaper:
             units, texts, (*order, *end_idx), late_idx
         ):
             # Side by side in their new places, some units would read as one (an unclosed tag
-            # swallowing an element, two lines joining into a sentence): nothing moves.
+            # swallowing an element, two lines joining into a sentence): only the retrieval
+            # block moves, if it alone can (what a second pass would do: the volatile units
+            # then keep the place they had), or nothing.
             moving = [False] * len(units)
-            order, rag, end_idx, late_idx = list(range(len(units))), -1, [], []
+            end_idx, late_idx = [], []
+            order, rag = _place(units, lines, moving, list(moving), rag_kept)
+            if rag < 0 or not self._reads_whole(units, texts, order, []):
+                order, rag = list(range(len(units))), -1
         stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
         stable_hashes = "".join([hashes[i] for i in stable_idx])
         stable_key = stable_hashes.encode()

@@ -325,3 +325,34 @@ def test_per_request_values_go_after_the_newest_user_message_where_the_deploymen
         {"role": "system", "content": "Local time: 10:02."},
     ]
     assert result.header().endswith("; to=end:1,turn:1")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12),
+    st.sampled_from(["end_of_system", "before_last_user", "after_last_tool", "after_last_turn"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_conversation_keeps_its_meaning_and_every_request_shapes_once(
+    pieces: list[str], placement: str, rag: bool, agent: bool
+) -> None:
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"placement": placement, "rag": {"enabled": rag}}))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    for turn in range(4):
+        system = "\n".join(pieces).replace("10:42", f"10:4{turn}").replace("Ana", f"Ana{turn % 2}")
+        original = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+        body = copy.deepcopy(original)
+        shaper.shape(body)
+        assert semantic_changes(original, body) == []
+        once = copy.deepcopy(body)
+        shaper.shape(body)
+        assert body == once
+        if agent:
+            call = {"id": f"c{turn}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{turn}", "content": "ok"},
+            ]
+        else:
+            history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": f"q{turn}"}]
