@@ -248,6 +248,10 @@ def _policy(sim_url: str, config: str) -> str:
         "on": "shaping: {rag: {enabled: true}}",
         "on-end": "shaping: {placement: end_of_system, rag: {enabled: true}}",
     }[config]
+    if config.startswith("on"):
+        # The simulator's chat template accepts a system message anywhere (a vLLM deployment's
+        # default is end_of_system: many templates accept one only first).
+        shaping = shaping[:-1] + ", deployment_placement: {sim-fast: after_last_turn}}"
     return f"""
 deployments:
   sim-fast: {{provider: vllm, base_url: "{sim_url}/v1"}}
@@ -380,10 +384,51 @@ def _post(url: str) -> None:
         pass
 
 
-def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
+def agent_system_prompt(lines: int = 556) -> str:
+    """A coding agent's system prompt of ``lines`` lines (about 12,000 tokens at 556): an
+    environment element with the time, the working directory and the OS, then sections of
+    rules, tool documentation with parameter lists and usage examples in code fences."""
+    out = [
+        "You are Forge, an autonomous coding agent working in the user's repository.",
+        "",
+        "<env>",
+        "Current time: {now}",
+        "Working directory: /home/ana/projects/app",
+        "Platform: linux",
+        "</env>",
+        "",
+    ]
+    n = 0
+    while len(out) < lines - 1:
+        n += 1
+        out += [f"# Area {n}: how to work on part {n} of a change", ""]
+        out += [
+            f"- Rule {n}.{k}: read the files you change first, keep each diff minimal, run the "
+            f"tests that cover them and report what you ran, with its output, and never guess a "
+            f"file path (rule {k})."
+            for k in range(1, 9)
+        ]
+        out += [
+            "",
+            f"## tool_{n}",
+            f"Description: does step {n} of a change in the workspace and "
+            "reports what it did, one line per file it touched.",
+            "Parameters:",
+        ]
+        out += [
+            f"- arg_{k}: (required) value {k} of the call, relative to the working directory"
+            for k in range(4)
+        ]
+        out += ["Usage:", "```", f"<tool_{n}><arg_0>src/app.py</arg_0></tool_{n}>", "```", ""]
+    return "\n".join([*out[: lines - 1], "Answer in the user's language."])
+
+
+def shaping_cost(system_lines: int, runs: int = 2000, agent: bool = False) -> dict[str, float]:
     """PolicyShaper + stability model + checkpoint chain for a 4,200-token prompt whose system
     message has ``system_lines`` lines (the rest is conversation), per request: CPU time
-    of the measuring thread, so other load on the machine does not count."""
+    of the measuring thread, so other load on the machine does not count. With ``agent``,
+    the system message is :func:`agent_system_prompt` (a real-size agent prompt, ~12k
+    tokens at 556 lines) with the time changing on every request."""
     from redis.asyncio import Redis
 
     from gateway.cachestats.prefix import checkpoints
@@ -392,10 +437,13 @@ def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
     from gateway.shaping.stability import StabilityModel
     from gateway.store.writer import StatsWriter
 
-    lines = [f"Current time: {_now()}", "The customer is Ana Lopez."]
-    lines += [f"{rule} (section {n})" for n, rule in enumerate(RULES * 3)][: system_lines - 2]
-    system = "\n".join(lines)
-    history = "Where is my order? It left on Monday. " * ((15_000 - len(system)) // 38)
+    if agent:
+        system = agent_system_prompt(system_lines).replace("/home/ana", "/home/Ana Lopez")
+    else:
+        lines = [f"Current time: {_now()}", "The customer is Ana Lopez."]
+        lines += [f"{rule} (section {n})" for n, rule in enumerate(RULES * 3)][: system_lines - 2]
+        system = "\n".join(lines)
+    history = "Where is my order? It left on Monday. " * (max(0, 15_000 - len(system)) // 38 + 1)
     body = {
         "model": "fast",
         "messages": [
@@ -412,7 +460,11 @@ def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
     writer = StatsWriter(Redis())  # never flushed: counters stay in memory
     times = []
     for i in range(runs):
-        fresh = orjson.loads(raw.replace(b"Ana Lopez", f"Name {i % 50:02d}".encode()))
+        fresh = orjson.loads(
+            raw.replace(b"Ana Lopez", f"Name {i % 50:02d}".encode()).replace(
+                b"{now}", f"10:{i % 3600:04d}".encode()
+            )
+        )
         started = time.thread_time()
         shaper.shape(fresh, stability, writer)
         checkpoints(fresh)
@@ -420,6 +472,7 @@ def shaping_cost(system_lines: int, runs: int = 2000) -> dict[str, float]:
     tokens = len(raw) // 4
     times.sort()
     return {
+        "system": "agent" if agent else "rules",
         "system_lines": system_lines,
         "prompt_tokens": tokens,
         "median_us": 1e6 * times[len(times) // 2],
@@ -467,7 +520,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     if not args.cost_only:
         results["workloads"] = run_matrix(args)
-    results["cost"] = costs = [shaping_cost(40), shaping_cost(130)]
+    results["cost"] = costs = [shaping_cost(40), shaping_cost(130), shaping_cost(556, agent=True)]
     failed = False
     if not args.cost_only:
         print(
@@ -491,7 +544,8 @@ def main() -> int:
         failed |= _corpus_table(results)
     for cost in costs:
         print(
-            f"shaping cost, {cost['prompt_tokens']:,}-token prompt, {cost['system_lines']} system lines: "
+            f"shaping cost, {cost['prompt_tokens']:,}-token prompt, {cost['system_lines']} system lines "
+            f"({cost['system']}): "
             f"median {cost['median_us']:.0f} µs, p99 {cost['p99_us']:.0f} µs"
         )
     if args.json:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError
 from gateway.dispatch.policy import Timeouts
 from gateway.policy import Policy
 from gateway.routing.resolve import Router
+from gateway.shaping.placement import Placements
 from gateway.shaping.shaper import PolicyShaper
 from gateway.validation import Issue
 
@@ -139,7 +140,7 @@ class PolicySnapshot:
         policy = self.policy
         # frozen: the compiled fields are set once, here, and never again
         object.__setattr__(self, "router", Router(policy))
-        object.__setattr__(self, "shaper", PolicyShaper(policy.shaping))
+        object.__setattr__(self, "shaper", PolicyShaper(policy.shaping, Placements.of(policy)))
         tiers: list[str | None] = [None, *policy.tiers]
         object.__setattr__(
             self,

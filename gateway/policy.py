@@ -209,4 +209,5 @@ class Policy(StrictModel):
             if tier not in self.tiers
         )
         found.extend(self.routing.issues(self.tiers, self.deployments))
+        found.extend(self.shaping.issues({name: d.provider for name, d in self.deployments.items()}))
         return found

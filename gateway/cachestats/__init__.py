@@ -9,7 +9,8 @@ all the requests of a 100 ms interval are looked up together, in one round trip,
 request path. The request's cost (:mod:`gateway.cachestats.cost`) is counted with them,
 and per day in ``sy:cost:<YYYY-MM-DD>`` (kept 90 days) for ``/admin/costs``. Each
 template also keeps its last requests' segment
-signatures, so a template that misses the cache can be told which segment breaks it.
+signatures, so a template that misses the cache can be told which segment breaks it, and
+the last shaped requests say what shaping moved in them, why and where to.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 BUCKET_S = 60
 RETENTION_S = 48 * 3600
 SIGNATURES_KEPT = 20
+MOVES_KEPT = 200
+"""Shaped requests whose moves are kept (newest first) for ``switchyard stats``."""
+MOVES_KEY = "sy:moves"
 LOW_HIT_RATE = 0.30
 METRICS = (
     "requests",
@@ -114,6 +118,23 @@ class Accounting:
             return
         if shape.moved or shape.tools_sorted or shape.rag_moved:
             hincr(key, prefix + "shaped_requests", 1, ttl)
+        if shape.moves:
+            moved = orjson.dumps(
+                {
+                    "request_id": done.request_id,
+                    "ts": int(time.time()),
+                    "deployment": done.deployment,
+                    "template": template,
+                    "moves": shape.moves,
+                }
+            )
+
+            def push_moves(pipe: Any) -> None:
+                pipe.lpush(MOVES_KEY, moved)
+                pipe.ltrim(MOVES_KEY, 0, MOVES_KEPT - 1)
+                pipe.expire(MOVES_KEY, RETENTION_S)
+
+            self._writer.add(push_moves)
         if shape.segments and template != NO_KEY:
             signature = orjson.dumps(shape.segments)
             sig_key = _signatures_key(template)
@@ -203,6 +224,10 @@ class Accounting:
             )
             entry["breaking_segment"] = await self._divergence(template) if entry["flagged"] else None
             templates.append(entry)
+        oldest = int(time.time()) - since_s
+        moved = [
+            m for m in map(orjson.loads, await self._redis.lrange(MOVES_KEY, 0, -1)) if m["ts"] >= oldest
+        ]
         totals: dict[str, int] = dict.fromkeys(METRICS, 0)
         for counts in rows.values():
             for metric, value in counts.items():
@@ -216,6 +241,7 @@ class Accounting:
             },
             "keys": {k: {**_rates(c), "saved_usd": round(saved_by["key"][k], 6)} for k, c in by_key.items()},
             "templates": templates,
+            "moved": moved,
             "stats_writes": {
                 "written": self._writer.written,
                 "dropped": self._writer.dropped,

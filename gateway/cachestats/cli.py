@@ -98,6 +98,15 @@ def _table(title: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return [line(header), *(line(r) for r in body), ""]
 
 
+_MOVED_SHOWN = 20
+
+
+def _moved_line(entry: dict[str, Any]) -> str:
+    """One request's moves: ``req-1 sim-fast template 5e9b72f5: line -> tool (changes within ...)``."""
+    moves = ", ".join(f"{kind} -> {to} ({why})" for kind, why, to in entry["moves"])
+    return f"{entry['request_id']} {entry['deployment']} template {entry['template']}: {moves}"
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as plain-text tables, flagged templates last with their breaking segment."""
     since = report.get("since_s", 0)
@@ -118,6 +127,12 @@ def render(report: dict[str, Any]) -> str:
             else "too few requests kept to tell where they differ"
         )
         lines.append(f"! template {t['template']}: hit rate {100 * t['hit_rate']:.1f}% < 30%; {where}")
+    moved = report.get("moved", [])
+    if moved:
+        lines += ["", f"What shaping moved (the last {len(moved)} shaped requests, newest first):"]
+        lines += [_moved_line(m) for m in moved[:_MOVED_SHOWN]]
+        if len(moved) > _MOVED_SHOWN:
+            lines.append(f"... {len(moved) - _MOVED_SHOWN} more (--json has all)")
     writes = report.get("stats_writes", {})
     if writes.get("dropped") or writes.get("expectations_dropped"):
         lines.append(

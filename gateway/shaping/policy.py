@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gateway.validation import Seconds, StrictModel
+from gateway.validation import Issue, Seconds, StrictModel
 
 Detector = Literal[
     "iso_date", "written_date", "time", "weekday", "uuid", "hex_id", "base64_id", "epoch", "request_id"
@@ -15,6 +15,28 @@ Detector = Literal[
 DETECTORS: tuple[Detector, ...] = (
     "iso_date", "written_date", "time", "weekday", "uuid", "hex_id", "base64_id", "epoch", "request_id",
 )  # fmt: skip
+
+
+Placement = Literal["end_of_system", "before_last_user", "after_last_tool", "after_last_turn"]
+"""Where content that changes within a conversation goes, from the earliest place to the latest
+(the later, the more of the conversation before it stays a reusable prefix)."""
+PLACEMENTS: tuple[Placement, ...] = (
+    "end_of_system",
+    "before_last_user",
+    "after_last_tool",
+    "after_last_turn",
+)
+
+PROVIDER_PLACEMENT: dict[str, Placement] = {
+    # Chat Completions accepts a system (or developer) message anywhere in the conversation.
+    "openai": "after_last_turn",
+    # The Messages API takes system text only at the top level; a later system message is
+    # sent as a text block of the user turn it sits in, after its text or tool_result blocks.
+    "anthropic": "after_last_turn",
+    # Many models' chat templates accept a system message only first (they raise otherwise).
+    "vllm": "end_of_system",
+}
+"""The latest placement each provider accepts when its deployment does not say."""
 
 
 class RagPolicy(StrictModel):
@@ -47,7 +69,18 @@ class ShapingPolicy(StrictModel):
     stable_share: float = Field(
         0.8, gt=0, le=1, description="A line in at least this share of them is stable."
     )
-    placement: Literal["end_of_system", "before_last_user"] = "before_last_user"
+    placement: Placement = Field(
+        "after_last_turn",
+        description="Where content that changes within a conversation goes: the end of the "
+        "system message, a system message before the newest user turn, one after the last tool "
+        "result of an agent step (else before the newest user turn), or one after the newest "
+        "turn (the user's message or a tool result); capped by what each deployment accepts.",
+    )
+    deployment_placement: dict[str, Placement] = Field(
+        default_factory=dict,
+        description="Per deployment, the latest placement its API and chat template accept "
+        "(default per provider: openai and anthropic after_last_turn, vllm end_of_system).",
+    )
     rag: RagPolicy = Field(default_factory=RagPolicy)
     prompt_cache_key: bool = True
     cache_ttl_s: Seconds = Field(
@@ -64,3 +97,12 @@ class ShapingPolicy(StrictModel):
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from None
         return patterns
+
+    def issues(self, providers: dict[str, str]) -> list[Issue]:
+        """Cross-reference problems: a ``deployment_placement`` entry for a deployment the
+        policy does not have (``providers``: deployment name -> provider)."""
+        return [
+            Issue(loc=("shaping", "deployment_placement", name), message=f"unknown deployment '{name}'")
+            for name in self.deployment_placement
+            if name not in providers
+        ]

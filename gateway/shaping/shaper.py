@@ -22,16 +22,21 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import itemgetter, not_
-from typing import Any, NamedTuple
+from operator import not_
+from typing import Any
 
 import orjson
 
 from gateway.shaping.canonical import canonical_wrapper
-from gateway.shaping.policy import ShapingPolicy
+from gateway.shaping.heads import HeadReader
+from gateway.shaping.placement import Placements
+from gateway.shaping.policy import Placement, ShapingPolicy
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import (
+    ELEMENT,
     FENCE,
+    ITEM,
+    LEAD_IN,
     LINES,
     SECTION,
     Unit,
@@ -39,7 +44,6 @@ from gateway.shaping.units import (
     level,
     line_kind,
     segment_cached,
-    unit_text,
 )
 from gateway.shaping.volatile import Detectors, line_hash
 from gateway.store.writer import StatsWriter
@@ -49,20 +53,6 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _LONG_NUMBER = re.compile(r"\d{16}")
-_FIRST, _THIRD = itemgetter(0), itemgetter(2)
-_HEADS_KEPT = 128  # head texts read and kept per policy (a 12k-token prompt is ~50 kB)
-
-
-class _Head(NamedTuple):
-    """A head's text as read (see :meth:`PolicyShaper._read_head`); shared, never mutated."""
-
-    lines: list[str]
-    units: list[Unit]
-    texts: list[str]
-    detected: list[bool]
-    hashes: list[str]
-    rag: int
-    skeleton: str
 
 
 @dataclass(slots=True)
@@ -73,8 +63,17 @@ class ShapeResult:
     moved: int = 0
     rag_moved: bool = False
     moved_before_user: int = 0
-    """Of the moved units, those that went before the newest user turn (they change within the
-    conversation); the others went to the end of the system message."""
+    """Of the moved units, those that went into a system message of their own later in the
+    conversation (they change within it): before the newest user turn, or after the last tool
+    result (``late_at``); the others went to the end of the system message."""
+    late_at: str = "user"
+    """Where that message went: ``user`` (before the newest user turn), ``tool`` (after the last
+    tool result of the agent step under way) or ``turn`` (after the user's newest message)."""
+    moves: list[tuple[str, str, str]] = field(default_factory=list)
+    """Per moved unit (the retrieval block included): what it is (``line``, ``list``,
+    ``section``, ``<env>``, ``code block``, ``part``, ``retrieved``), why it moved (see
+    :data:`REASONS`) and where to (``end``, ``user``, ``tool``, ``instructions``) — for the
+    cache stats, which keep it per request."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
     head_stable_chars: int = 0
@@ -96,8 +95,34 @@ class ShapeResult:
         parts.append(f"stable_prefix_tokens={self.stable_prefix_tokens}")
         parts.append(f"template={self.template}")
         if self.moved:
-            parts.append(f"to=end:{self.moved - self.moved_before_user},user:{self.moved_before_user}")
+            parts.append(
+                f"to=end:{self.moved - self.moved_before_user},{self.late_at}:{self.moved_before_user}"
+            )
         return "; ".join(parts)
+
+
+REASONS = {
+    "changes within the conversation": "it differed in the conversation's previous request",
+    "same within the conversation": "volatile across conversations, constant within this one",
+    "first turn": "volatile; no history yet to keep cached ahead of it",
+    "placement": "volatile; the deployments it may reach take system text only at the top",
+    "retrieved": "the retrieval block, after the instructions",
+    "retrieved anew": "passages new in this conversation's request",
+}
+"""The reasons a unit moved, as :attr:`ShapeResult.moves` gives them, and what each means."""
+
+
+def _unit_kind(unit: Unit, lines: list[str]) -> str:
+    """What a unit is, in a word (for the per-request record of moves)."""
+    if unit.kind == ELEMENT:
+        return f"<{unit.tag}>" if unit.tag else "element"
+    if unit.kind == FENCE:
+        return "code block"
+    if unit.kind == SECTION:
+        return "section"
+    if unit.end - unit.start == 1:
+        return "line"
+    return "list" if any(line_kind(line) == ITEM for line in lines[unit.start : unit.end]) else "lines"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,15 +182,17 @@ class PolicyShaper:
     holds one). What shaping learns across requests and policies lives in
     :class:`~gateway.shaping.service.ShapingState`."""
 
-    def __init__(self, policy: ShapingPolicy) -> None:
+    def __init__(self, policy: ShapingPolicy, placements: Placements | None = None) -> None:
         self.policy = policy
+        self.placements = placements if placements is not None else Placements.everywhere(policy.placement)
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
-        # What a head's text reads as (units, verdicts, hashes, skeleton) depends on the text
-        # alone: a system prompt sent again, as most are, is read once (bounded, oldest out).
-        self._heads: dict[tuple[str, str], _Head] = {}
+        # What a head's text reads as depends on the text alone; it is read against the last
+        # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
+        self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
+        self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -211,7 +238,7 @@ class PolicyShaper:
         if not policy.enabled:
             # Nothing changes; the template and its segments are still read, for the cache report.
             if head is not None:
-                result.template = template or self._template(
+                result.template = template or self._reader.template(
                     [t for t in _texts(head["content"]) if t is not None], tool_names
                 )
             self._signature(body, result)
@@ -231,16 +258,15 @@ class PolicyShaper:
                 body["response_format"] = self._canonical(fmt)
         stable_head = b""
         if head is not None:
-            stable_head = self._shape_head(messages, head, tool_names, result, stability, writer, template)
+            at = _late_index(messages, self.placements(body.get("model")))
+            stable_head = self._shape_head(
+                messages, head, tool_names, result, stability, writer, template, at
+            )
         tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
         result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
         self._signature(body, result)
         return result
-
-    def _template(self, lines: list[str], tool_names: str) -> str:
-        longest = max(lines, key=len, default="")
-        return line_hash(self.detectors.line(longest)[1] + "|" + tool_names)
 
     def _shape_head(
         self,
@@ -251,12 +277,15 @@ class PolicyShaper:
         stability: StabilityModel | None,
         writer: StatsWriter | None,
         template: str | None,
+        at: int,
     ) -> bytes:
-        """Shape the head message; the hashes of its stable units (for the prefix hash)."""
+        """Shape the head message; the hashes of its stable units (for the prefix hash). ``at``:
+        where a system message of per-request content goes (-1: nowhere, see :func:`_late_index`)."""
         content: str | list[Any] = head["content"]
         if isinstance(content, str):
-            return self._shape_text(messages, head, content, tool_names, result, stability, writer, template)
-        policy = self.policy
+            return self._shape_text(
+                messages, head, content, tool_names, result, stability, writer, template, at
+            )
         detect = self.detectors.line
         texts = _texts(content)
         lines = [t for t in texts if t is not None]
@@ -266,7 +295,7 @@ class PolicyShaper:
             h if t is not None else line_hash(orjson.dumps(u).decode())
             for t, u, (_, _, h) in zip(texts, content, detected, strict=True)
         ]
-        result.template = template or self._template(lines, tool_names)
+        result.template = template or self._reader.template(lines, tool_names)
         moving = self._moving(result.template, texts, [d[0] for d in detected], hashes, stability, writer)
         volatile = [u for u, m in zip(content, moving, strict=True) if m]
         stable = [u for u, m in zip(content, moving, strict=True) if not m]
@@ -280,15 +309,18 @@ class PolicyShaper:
             return stable_key if has_stable else b""
         result.moved = len(volatile)
         result.head_stable_parts = len(stable)
-        last_user = _last_user_index(messages)
-        if policy.placement == "before_last_user" and last_user > 0:
+        if at > 0:
             head["content"] = stable
-            messages.insert(last_user, {"role": head["role"], "content": volatile})
+            messages.insert(at, {"role": head["role"], "content": volatile})
             result.moved_before_user = len(volatile)
+            result.late_at = _late_at(messages, at)
+            result.moves = [("part", "changes within the conversation", result.late_at)] * len(volatile)
         else:
             shaped = [*stable, *volatile]
             if shaped == content:  # already stable first, volatile last: a shaped request
                 result.moved = 0
+            else:
+                result.moves = [("part", "placement" if at < 0 else "first turn", "end")] * len(volatile)
             head["content"] = shaped
         return stable_key
 
@@ -323,17 +355,11 @@ class PolicyShaper:
         stability: StabilityModel | None,
         writer: StatsWriter | None,
         template: str | None,
+        at: int,
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
-        policy = self.policy
-        head_key = (content, tool_names)
-        read = self._heads.get(head_key)
-        if read is None:
-            read = self._read_head(content, tool_names)
-            if len(self._heads) >= _HEADS_KEPT:
-                del self._heads[next(iter(self._heads))]
-            self._heads[head_key] = read
-        lines, units, texts, detected, hashes, rag, skeleton = read
+        read = self._reader.read(content, tool_names)
+        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         result.template = template or skeleton
         moving = self._moving(result.template, texts, detected, hashes, stability, writer)
         key, previous = self._layout(messages, result.template)
@@ -347,34 +373,51 @@ class PolicyShaper:
                 h = hashes[i]
                 if h not in moved and _has_hash(stable_before, h):
                     moving[i] = False
-        last_user = _last_user_index(messages)
-        to_end = not (policy.placement == "before_last_user" and last_user > 0)
+        if ambiguous:
+            moving, rag = [False] * len(units), -1
+        for i in rag_blocks:
+            moving[i] = False
+        rag_kept = rag  # the retrieval block, wherever it goes below
+        to_end = at < 0
         if rag >= 0:
             moving[rag] = False
-            h = hashes[rag]
             if (
                 not to_end
                 and previous is not None
-                and h not in previous.moved
-                and not _has_hash(previous.stable, h)
+                and hashes[rag] not in previous.moved
+                and not _has_hash(previous.stable, rag_hash)
             ):
                 # Passages retrieved anew for this turn: before the newest user turn, whole, like
                 # any content that changes within the conversation (the history stays cached).
                 moving[rag], rag = True, -1
-        late = self._late(messages, last_user, previous, hashes, moving, detected, to_end)
+        late = self._late(messages, at, previous, hashes, moving, detected)
         late_idx = list(compress(range(len(units)), late))
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
         end = [m and not x for m, x in zip(moving, late, strict=True)]
         order, rag = _place(units, lines, moving, end, rag)
+        end_idx = list(compress(range(len(units)), end))
+        late_idx = list(compress(range(len(units)), late))
+        if (end_idx or late_idx or rag >= 0) and not self._reads_whole(
+            units, texts, (*order, *end_idx), late_idx
+        ):
+            # Side by side in their new places, some units would read as one (an unclosed tag
+            # swallowing an element, two lines joining into a sentence): only the retrieval
+            # block moves, if it alone can (what a second pass would do: the volatile units
+            # then keep the place they had), or nothing.
+            moving = [False] * len(units)
+            end_idx, late_idx = [], []
+            order, rag = _place(units, lines, moving, list(moving), rag_kept)
+            if rag < 0 or not self._reads_whole(units, texts, order, []):
+                order, rag = list(range(len(units))), -1
         stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
         stable_hashes = "".join([hashes[i] for i in stable_idx])
         stable_key = stable_hashes.encode()
         if key:
-            self._remember(key, hashes, moving, stable_hashes + (hashes[rag] if rag >= 0 else ""))
+            # The retrieval block, wherever it stays, is known by its element lines.
+            kept_rag = read.rag >= 0 and not moving[read.rag]
+            self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
         has_stable = any(texts[i].strip() for i in stable_idx)
-        end_idx = list(compress(range(len(units)), end))
-        late_idx = list(compress(range(len(units)), late))
         stable_text = "\n".join([texts[i] for i in order if i != rag])
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
@@ -392,65 +435,84 @@ class PolicyShaper:
         result.rag_moved = rag >= 0 and order != sorted(order)
         head["content"] = shaped
         if late_idx:
-            messages.insert(
-                last_user, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)}
-            )
+            messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
+            result.late_at = _late_at(messages, at)
+        result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
 
-    def _read_head(self, content: str, tool_names: str) -> _Head:
-        """What a head's text reads as: its lines, units, each unit's text, whether a detector
-        fired in it and its hash, the retrieval block (-1: none) and the template skeleton."""
-        lines = content.split("\n")
-        units, outside = segment_cached(lines)
-        verdicts = list(map(self.detectors.line, lines))
-        texts: list[str] = []
-        detected: list[bool] = []
-        hashes: list[str] = []
-        if len(units) == len(lines):  # one instruction per line: every unit a line
-            texts = lines
-            detected = list(map(_FIRST, verdicts))
-            hashes = list(map(_THIRD, verdicts))
-            units_of_lines: list[Unit] = []
-        else:
-            units_of_lines = units
-        for unit in units_of_lines:
-            if unit.end - unit.start == 1:
-                texts.append(lines[unit.start])
-                detected.append(verdicts[unit.start][0])
-                hashes.append(verdicts[unit.start][2])
+    def _moves(
+        self,
+        messages: list[Any],
+        at: int,
+        units: list[Unit],
+        lines: list[str],
+        rag_unit: int,
+        end_idx: list[int],
+        late_idx: list[int],
+        result: ShapeResult,
+    ) -> list[tuple[str, str, str]]:
+        """What moved, why and where (see :attr:`ShapeResult.moves`)."""
+        moves: list[tuple[str, str, str]] = []
+        if result.rag_moved:
+            moves.append(("retrieved", "retrieved", "instructions"))
+        if end_idx:
+            if at < 0:
+                why = "placement"
+            elif _has_history(messages, at):
+                why = "same within the conversation"
             else:
-                text = unit_text(lines, unit)
-                texts.append(text)
-                detected.append(any(v[0] for v in verdicts[unit.start : unit.end]))
-                hashes.append(line_hash(text))
-        policy = self.policy
-        rag = _rag_unit(units, lines, policy.rag.markers) if policy.rag.enabled else -1
-        skeleton = self._skeleton(lines, outside, units[rag] if rag >= 0 else None, tool_names)
-        return _Head(lines, units, texts, detected, hashes, rag, skeleton)
+                why = "first turn"
+            moves += [(_unit_kind(units[i], lines), why, "end") for i in end_idx]
+        for i in late_idx:
+            if i == rag_unit:
+                moves.append(("retrieved", "retrieved anew", result.late_at))
+            else:
+                moves.append((_unit_kind(units[i], lines), "changes within the conversation", result.late_at))
+        return moves
+
+    def _reads_whole(
+        self, units: list[Unit], texts: list[str], head_order: Sequence[int], late_idx: list[int]
+    ) -> bool:
+        """Whether the units, in their new places (``head_order`` in the head, ``late_idx`` in a
+        message of their own), are read back as the same units: shaping the shaped text then
+        finds what it found in the original, and no unit reads as part of another. Memoized
+        by the segmentation (``units``, shared by every text of the same line shapes: the
+        answer depends on the shapes alone) and the moves."""
+        memo_key = (id(units), tuple(head_order), tuple(late_idx))
+        memo = self._whole.get(memo_key)
+        if memo is not None and memo[0] is units:
+            return memo[1]
+        found = _units_kept([texts[i] for i in head_order]) and (
+            not late_idx or _units_kept([texts[i] for i in late_idx])
+        )
+        if len(self._whole) > 1024:
+            self._whole.clear()
+        self._whole[memo_key] = (units, found)
+        return found
 
     def _late(
         self,
         messages: list[Any],
-        last_user: int,
+        at: int,
         previous: _Layout | None,
         hashes: list[str],
         moving: list[bool],
         detected: list[bool],
-        to_end: bool,
     ) -> list[bool]:
-        """Per unit, whether it goes before the newest user turn rather than to the end of the
-        system message: only what changes *within* a conversation pays to go there (a
-        per-session value there pushes the previous turn out of the reusable prefix).
+        """Per unit, whether it goes into a system message at ``at`` (before the newest user
+        turn, or after the last tool result) rather than to the end of the system message: only
+        what changes *within* a conversation pays to go there (a per-session value there
+        pushes the previous turn out of the reusable prefix).
 
         A unit the conversation's previous request had too is per-session (end of the system
         message); one it did not is per-request (before the newest user turn). In a
         conversation not seen before, what a detector found (a time, an id) is taken as
-        per-request and what the learned model found (a name, a directory) as per-session."""
-        if to_end or not any(
-            isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:last_user]
-        ):
-            # A first turn has no history to keep reusable: the end of the system message is as
-            # good, and the next turn finds it there (its prefix then reaches past it).
+        per-request and what the learned model found (a name, a directory) as per-session
+        (at the end of the system message it is cached for the rest of the conversation; after
+        the newest turn it would be sent anew each turn)."""
+        if at < 0 or not _has_history(messages, at):
+            # A first turn (not yet an agent step) has no history to keep reusable: the end of
+            # the system message is as good, and the next turn finds it there.
             return [False] * len(moving)
         if previous is None:
             return [m and d for m, d in zip(moving, detected, strict=True)]
@@ -466,21 +528,6 @@ class PolicyShaper:
         if len(self._conversations) > 5_000:
             self._conversations.clear()
         self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
-
-    def _skeleton(
-        self, lines: list[str], outside: list[tuple[int, int]], rag: Unit | None, tool_names: str
-    ) -> str:
-        """The template: its tool names and its longest line, masked, outside the elements and
-        code blocks (where memories, retrieved passages and pasted files sit) and the
-        retrieval block."""
-        candidates = [
-            max(lines[a:b], key=len)
-            for a, b in outside
-            if rag is None or not (rag.start <= a and b <= rag.end)
-        ]
-        if not candidates:
-            return self._template(lines, tool_names)
-        return line_hash(self.detectors.line(max(candidates, key=len))[1] + "|" + tool_names)
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
@@ -525,6 +572,41 @@ class PolicyShaper:
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
 
 
+def _late_at(messages: list[Any], at: int) -> str:
+    """Where the system message inserted at ``at`` went: ``user`` (before the newest user
+    turn), ``tool`` (after an agent step's last tool result) or ``turn`` (after the user's
+    newest message)."""
+    if at < len(messages) - 1:
+        return "user"
+    before = messages[at - 1]
+    return "tool" if isinstance(before, dict) and before.get("role") == "tool" else "turn"
+
+
+def _has_history(messages: list[Any], at: int) -> bool:
+    """Whether an answer (an assistant turn) comes before position ``at``."""
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at])
+
+
+def _late_index(messages: list[Any], placement: Placement) -> int:
+    """Where a system message of per-request content goes (-1: nowhere; it stays in the system
+    message): after the newest turn (``after_last_turn``: the user's message or an agent
+    step's last tool result), after the last tool result only (``after_last_tool``), or
+    before the newest user turn. The later, the more of the conversation before it (the
+    previous turn, the step's calls and results) stays a reusable prefix."""
+    if placement == "end_of_system":
+        return -1
+    last_user = _last_user_index(messages)
+    if last_user <= 0:
+        return -1
+    last = messages[-1]
+    role = last.get("role") if isinstance(last, dict) else None
+    if role == "tool" and placement in ("after_last_tool", "after_last_turn"):
+        return len(messages)
+    if role == "user" and placement == "after_last_turn":
+        return len(messages)
+    return last_user
+
+
 def _last_user_index(messages: list[Any]) -> int:
     for i in range(len(messages) - 1, 0, -1):
         message = messages[i]
@@ -551,29 +633,6 @@ def _conversation(messages: list[Any], template: str) -> str:
             raw = content if isinstance(content, str) else orjson.dumps(content).decode()
             return f"{template}:{line_hash(raw)}"
     return ""
-
-
-def _rag_unit(units: list[Unit], lines: list[str], markers: list[tuple[str, str]]) -> int:
-    """The index of the retrieval block: the one unit that opens, on a line of its own, with
-    a marker and closes with it (a marker inside a sentence, a code block or another element
-    is not one); -1 when there is none, or more than one (which is the retrieved one would be
-    a guess, and moving either would reorder them on every pass)."""
-    found = -1
-    for i, unit in enumerate(units):
-        if unit.end - unit.start < 2:
-            continue
-        first, last = lines[unit.start].strip(), lines[unit.end - 1].strip()
-        if unit.kind == SECTION or first.endswith(":"):
-            # A heading or a lead-in, then the block: they move with it.
-            body = (line.strip() for line in lines[unit.start + 1 : unit.end])
-            first = next((line for line in body if line), "")
-        for start_marker, end_marker in markers:
-            if first.startswith(start_marker) and last.endswith(end_marker):
-                if found >= 0:
-                    return -1
-                found = i
-                break
-    return found
 
 
 def _place(
@@ -610,6 +669,18 @@ def _place(
     return [*stable[: last + 1], rag, *stable[last + 1 :]], rag
 
 
+def _units_kept(texts: list[str]) -> bool:
+    """Whether ``texts`` (units' texts), joined line by line, segment into exactly those units."""
+    lines = "\n".join(texts).split("\n")
+    ends: list[int] = []
+    at = 0
+    for text in texts:
+        at += text.count("\n") + 1
+        ends.append(at)
+    units, _ = segment_cached(lines)
+    return [unit.end for unit in units] == ends
+
+
 def _chain_joins(units: list[Unit], lines: list[str], chain: list[int]) -> bool:
     """Whether any unit of ``chain``, placed right after the one before it, would read as part of it."""
     return any(_would_join(units, lines, a, b) for a, b in itertools.pairwise(chain))
@@ -628,6 +699,8 @@ def _would_join(units: list[Unit], lines: list[str], before: int, after: int) ->
             return True
         return level(lines[units[after].start]) > level(lines[units[before].start])
     a, b = lines[units[before].end - 1], lines[units[after].start]
+    if units[before].kind == LINES and line_kind(a) == LEAD_IN:
+        return True  # a lead-in line introduces whatever follows it, an element or a block too
     return (
         units[after].kind == LINES and units[before].kind == LINES and glued(a, line_kind(a), b, line_kind(b))
     )

@@ -23,6 +23,7 @@ units' lines with ``\\n`` gives the text back.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -211,6 +212,7 @@ def segment(lines: list[str]) -> list[Unit]:
 
 _shape_ids: dict[str, int] = {}
 _plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
 
 
@@ -219,7 +221,7 @@ def _shape_id(line: str) -> int:
     whether it closes a clause, whether it starts in lowercase and its heading level; a line
     that may open or close an element or a fence is its own shape."""
     if "<" in line or "`" in line or "~" in line:
-        shape = -1 - len(_shape_ids)
+        shape = -next(_own_shapes)
     else:
         key = (line_kind(line), line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), level(line))
         shape = _plain_shapes.setdefault(key, len(_plain_shapes))
@@ -227,6 +229,20 @@ def _shape_id(line: str) -> int:
         _shape_ids.clear()
     _shape_ids[line] = shape
     return shape
+
+
+def same_shape(a: str, b: str) -> bool:
+    """Whether :func:`segment` reads lines ``a`` and ``b`` alike (a line that may open or close
+    an element or a fence is like no other line)."""
+    if a == b:
+        return True
+    shape_a = _shape_ids.get(a)
+    if shape_a is None:
+        shape_a = _shape_id(a)
+    shape_b = _shape_ids.get(b)
+    if shape_b is None:
+        shape_b = _shape_id(b)
+    return shape_a == shape_b
 
 
 def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]:

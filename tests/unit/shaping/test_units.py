@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.shaping.check import semantic_changes, structures
@@ -168,7 +168,7 @@ def test_a_marker_in_a_usage_example_is_not_the_retrieval_block() -> None:
 
 
 def test_per_session_values_go_to_the_end_of_the_system_message_per_request_ones_before_the_user() -> None:
-    shaper = PolicyShaper(ShapingPolicy())
+    shaper = PolicyShaper(ShapingPolicy(placement="before_last_user"))
     history: list[dict[str, Any]] = []
     for turn in range(3):
         system = f"You are helpful.\nBe brief.\nToday is 2026-12-03.\nLocal time: 10:{turn:02d}."
@@ -233,6 +233,9 @@ _PIECES = [
     st.sampled_from(["end_of_system", "before_last_user"]),
     st.booleans(),
 )
+# Once placed after "System info:" the block read as having that lead-in, looked retrieved anew
+# on the next pass and moved again.
+@example(["You are helpful.", "<context>", "</context>", "System info:"], "before_last_user", True)
 def test_structured_prompts_keep_their_meaning_and_shape_once(
     pieces: list[str], placement: str, rag: bool
 ) -> None:
@@ -252,7 +255,9 @@ def test_structured_prompts_keep_their_meaning_and_shape_once(
 
 
 def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole() -> None:
-    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    shaper = PolicyShaper(
+        ShapingPolicy.model_validate({"rag": {"enabled": True}, "placement": "before_last_user"})
+    )
     history: list[dict[str, Any]] = []
     for turn in range(3):
         docs = f"<context>\n[1] Passage {turn}.\n\n[2] Another passage {turn}.\n</context>"
@@ -271,3 +276,83 @@ def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole(
     # The history stays a common prefix: the passages of this turn sit after it, whole.
     assert body["messages"][0]["content"] == "You are Acme's assistant.\nCite passages by number."
     assert body["messages"][-2] == {"role": "system", "content": docs}
+
+
+def test_a_retrieval_block_never_lands_after_a_lead_in_and_shaping_twice_changes_nothing() -> None:
+    system = "You are helpful.\n<context>\n</context>\nSystem info:"
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    turns = [("user", "a"), ("assistant", "b"), ("user", "c")]
+    original = {
+        "messages": [{"role": "system", "content": system}] + [{"role": r, "content": c} for r, c in turns]
+    }
+    body = copy.deepcopy(original)
+    shaper.shape(body)
+    # After the lead-in it would read as what "System info:" introduces: it stays.
+    assert body == original
+    shaper.shape(body)
+    assert body == original
+
+
+def test_a_retrieval_block_is_known_by_its_element_lines_not_by_the_lead_in_before_it() -> None:
+    # The same passages, once bare and once with a lead-in: not retrieved anew, nothing moves
+    # before the newest user turn.
+    docs = "<context>\n[1] Refunds take 5 days.\n</context>"
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"rag": {"enabled": True}}))
+    history: list[dict[str, Any]] = []
+    for system in (f"You are Acme's assistant.\n{docs}", f"You are Acme's assistant.\nPassages:\n{docs}"):
+        body = {
+            "messages": [{"role": "system", "content": system}, *history, {"role": "user", "content": "q"}]
+        }
+        shaper.shape(body)
+        history += [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+
+
+def test_per_request_values_go_after_the_newest_user_message_where_the_deployment_accepts_it() -> None:
+    shaper = PolicyShaper(ShapingPolicy())  # after_last_turn: the previous turn stays cached too
+    history: list[dict[str, Any]] = []
+    for turn in range(3):
+        system = f"You are helpful.\nBe brief.\nToday is 2026-12-03.\nLocal time: 10:{turn:02d}."
+        messages = [{"role": "system", "content": system}, *history, {"role": "user", "content": f"q{turn}"}]
+        original = {"messages": messages}
+        body = copy.deepcopy(original)
+        result = shaper.shape(body)
+        assert semantic_changes(original, body) == []
+        history += [{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": "a"}]
+    assert body["messages"][0]["content"] == "You are helpful.\nBe brief.\nToday is 2026-12-03."
+    assert body["messages"][-2:] == [
+        {"role": "user", "content": "q2"},
+        {"role": "system", "content": "Local time: 10:02."},
+    ]
+    assert result.header().endswith("; to=end:1,turn:1")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12),
+    st.sampled_from(["end_of_system", "before_last_user", "after_last_tool", "after_last_turn"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_conversation_keeps_its_meaning_and_every_request_shapes_once(
+    pieces: list[str], placement: str, rag: bool, agent: bool
+) -> None:
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"placement": placement, "rag": {"enabled": rag}}))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    for turn in range(4):
+        system = "\n".join(pieces).replace("10:42", f"10:4{turn}").replace("Ana", f"Ana{turn % 2}")
+        original = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+        body = copy.deepcopy(original)
+        shaper.shape(body)
+        assert semantic_changes(original, body) == []
+        once = copy.deepcopy(body)
+        shaper.shape(body)
+        assert body == once
+        if agent:
+            call = {"id": f"c{turn}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{turn}", "content": "ok"},
+            ]
+        else:
+            history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": f"q{turn}"}]
