@@ -162,6 +162,19 @@ def split_messages(chat_messages: list[Any]) -> tuple[list[dict[str, Any]], list
     return system, out
 
 
+def late_system_blocks(chat_messages: Any) -> int:
+    """How many trailing blocks of the last Messages turn come from system or developer
+    messages after the newest turn (where shaping puts what changes by the next request)."""
+    count = 0
+    if not isinstance(chat_messages, list):
+        return 0
+    for message in reversed(chat_messages):
+        if not isinstance(message, dict) or message.get("role") not in _HEAD_ROLES:
+            return count
+        count += len(content_blocks(message.get("content")))
+    return 0  # only system messages: nothing after a turn
+
+
 def _tools(tools: Any) -> list[dict[str, Any]]:
     out = []
     for tool in tools:

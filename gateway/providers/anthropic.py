@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.dialects.anthropic_request import to_messages_request, unsupported
+from gateway.dialects.anthropic_request import late_system_blocks, to_messages_request, unsupported
 from gateway.dialects.anthropic_response import MessagesStreamScanner, openai_error, to_chat_completion
 from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
@@ -104,6 +104,7 @@ class AnthropicProvider(Provider):
                 stable_system_blocks=stable,
                 min_tokens=deployment.min_cache_tokens,
                 ttl=deployment.cache_ttl,
+                late_blocks=late_system_blocks(body.get("messages")),
             )
         wants_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get(
             "include_usage"

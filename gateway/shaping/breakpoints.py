@@ -9,7 +9,9 @@ client's own marks (which are always kept):
 2. the end of the stable part of the system prompt (what shaping found stable);
 3. in a conversation (an assistant turn before the last user turn), the end of the
    previous turn and the end of the last message: the first reads what the last request
-   wrote, the second writes what the next turn will read.
+   wrote, the second writes what the next turn will read. Blocks that shaping placed after
+   the newest turn (``late_blocks``: they change by the next request) are left out of the
+   second, so what it writes is a prefix the next turn sends again.
 
 A single-turn request gets no mark on its messages: its question and documents change
 with every request, and a write costs 1.25x (5 min) or 2x (1 h) the input price.
@@ -60,25 +62,34 @@ def split_stable_system(system: list[dict[str, Any]], stable_chars: int, stable_
     return 1
 
 
-def _conversation_marks(messages: list[Any]) -> list[tuple[int, int]]:
-    """(message, block) positions of the previous turn's end and the last message's end."""
+def _conversation_marks(messages: list[Any], late_blocks: int) -> list[tuple[int, int]]:
+    """(message, block) positions of the previous turn's end and the last message's end
+    (before its last ``late_blocks`` blocks)."""
     users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
     if not users or not any(m.get("role") == "assistant" for m in messages[: users[-1]]):
         return []
     marks = []
     previous = users[-1] - 1
-    for index in (previous, len(messages) - 1):
+    for index, skip in ((previous, 0), (len(messages) - 1, late_blocks)):
         content = messages[index].get("content")
-        if isinstance(content, list) and content and isinstance(content[-1], dict):
-            marks.append((index, len(content) - 1))
+        block = len(content) - 1 - skip if isinstance(content, list) else -1
+        if block >= 0 and isinstance(content[block], dict):
+            marks.append((index, block))
     return list(dict.fromkeys(marks))
 
 
 def place_breakpoints(
-    request: dict[str, Any], *, stable_system_blocks: int, min_tokens: int, ttl: str
+    request: dict[str, Any],
+    *,
+    stable_system_blocks: int,
+    min_tokens: int,
+    ttl: str,
+    late_blocks: int = 0,
 ) -> list[str]:
     """Add ``cache_control`` marks to a Messages ``request`` in place (see the module
-    docstring); returns where (``tools``, ``system``, ``messages[i]``) for headers and tests."""
+    docstring); returns where (``tools``, ``system``, ``messages[i]``) for headers and tests.
+    ``late_blocks``: trailing blocks of the last message that shaping put after the newest
+    turn."""
     free = MAX_BREAKPOINTS - count_marks(request)
     if free <= 0:
         return []
@@ -107,12 +118,12 @@ def place_breakpoints(
     if not isinstance(messages, list):
         return placed
     done_to = 0
-    for index, block_index in _conversation_marks(messages):
+    for index, block_index in _conversation_marks(messages, late_blocks):
         if len(placed) >= free:
             break
-        prefix += _tokens(messages[done_to : index + 1])
-        done_to = index + 1
         content = messages[index]["content"]
+        prefix += _tokens(messages[done_to:index]) + _tokens(content[: block_index + 1])
+        done_to = index + 1
         block = content[block_index]
         if prefix >= min_tokens and "cache_control" not in block:
             content = list(content)

@@ -303,6 +303,40 @@ def test_gateway_breakpoints_from_the_stable_prefix_keep_the_clients_own() -> No
     assert body["messages"][0]["content"].endswith("2026-12-03.")  # the client's body is untouched
 
 
+def _without_marks(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_marks(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_marks(v) for v in value]
+    return value
+
+
+def test_the_last_message_mark_skips_what_shaping_put_after_the_newest_turn() -> None:
+    # Shaping (placement after_last_turn) puts a value that changes every request after the
+    # newest turn; the translator makes it the last text block of the last user turn. The
+    # mark that writes the cache for the next turn must end before it, or the next turn
+    # (which no longer has that block there) never reads what was written.
+    p, _ = provider(extra=", min_cache_tokens: 10")
+    system = {"role": "system", "content": "You are a support agent. " * 20}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "first question " * 5},
+        {"role": "assistant", "content": "first answer " * 5},
+        {"role": "user", "content": "second question " * 5},
+    ]
+
+    def turn(messages: list[dict[str, Any]], now: str) -> dict[str, Any]:
+        body = {"model": "m", "messages": [system, *messages, {"role": "system", "content": now}]}
+        return dict(p.prepare(body, stream=False, hints=CacheHints("h", 0, 0, False)).body)
+
+    first = turn(history, "Now: 12:00:01")
+    last = first["messages"][-1]["content"]
+    assert last[-1] == {"type": "text", "text": "Now: 12:00:01"} and "cache_control" not in last[-1]
+    assert last[-2]["cache_control"] == {"type": "ephemeral"}
+    second = turn([*history, {"role": "assistant", "content": "second answer"}], "Now: 12:00:09")
+    written = _without_marks([*first["messages"][:-1], {"role": "user", "content": last[:-1]}])
+    assert _without_marks(second["messages"][: len(written)]) == written  # read back next turn
+
+
 def test_a_529_reaches_dispatch_as_a_503_with_anthropics_body() -> None:
     async def overloaded(request: MockRequest) -> MockResponse:
         return MockResponse.json(
