@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import GatewayProcess, SimServer, http_json
 
 SYSTEMS = [
-    f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(4)
+    f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(8)
 ]
 
 
@@ -98,7 +98,9 @@ def test_requests_that_share_a_system_prompt_stay_on_one_replica(
     served = where_did_they_go(fresh)
     homes = {p: {served[f"p{p}-r{r}"] for r in range(5)} for p in range(len(SYSTEMS))}
     assert all(len(home) == 1 for home in homes.values()), homes  # each prefix kept its replica
-    assert len({next(iter(h)) for h in homes.values()}) >= 2  # and the prefixes spread over replicas
+    # and the prefixes spread over replicas (the ring follows the replicas' URLs, whose ports
+    # vary by run: 8 prefixes all on one of 3 replicas is a 1-in-2,000 run, 4 were 1 in 30)
+    assert len({next(iter(h)) for h in homes.values()}) >= 2
     for p in range(len(SYSTEMS)):
         for r in range(1, 5):  # after the first, every request found its prefix cached
             assert replies[f"p{p}-r{r}"].usage.prompt_tokens_details.cached_tokens > 0
@@ -150,10 +152,13 @@ def test_a_replica_that_goes_down_is_routed_around(make_gateway: Any) -> None:
         assert {entry["x-request-id"] for entry in servers[1].stats()["recent"]} >= {
             f"d{i}" for i in range(8)
         }
-        status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]
-        assert [r["healthy"] for r in status["replicas"]] == [False, True]
-        assert "cannot connect" in status["replicas"][0]["last_error"]
-        assert wait_ready(gw, 1)["replicas"]["local"] == {"ready": True, "healthy": 1, "replicas": 2}
+        # Marked down by a failed request, or by the next health probe (0.2 s) when no
+        # prefix here had replica 0 as its home.
+        status = wait_ready(gw, 1)
+        assert status["replicas"]["local"] == {"ready": True, "healthy": 1, "replicas": 2}
+        replicas = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]["replicas"]
+        assert [r["healthy"] for r in replicas] == [False, True]
+        assert "cannot connect" in replicas[0]["last_error"]
     finally:
         servers[1].__exit__()
 
