@@ -743,11 +743,11 @@ RUNS=$WORK/runs.jsonl
 # a profiled run are not the ones to quote.
 PROFILE_DIR=${OUT%.json}-profile
 start_profilers() {
-  local label=$1 pids pid secs=$((DURATION_S > 2 ? DURATION_S - 1 : 1))
+  local label=$1 pgid=$2 pids pid secs=${3:-$((DURATION_S > 2 ? DURATION_S - 1 : 1))}
   mkdir -p "$PROFILE_DIR"
-  pids=$(ps -e -o pid=,pgid=,comm= | awk -v g="$GW_PID" '$2 == g && $3 != "redis-server" { print $1 }')
+  pids=$(ps -e -o pid=,pgid=,comm= | awk -v g="$pgid" '$2 == g && $3 != "redis-server" { print $1 }')
   # With several workers, leave out the supervisor (it only sleeps).
-  [[ $(wc -w <<<"$pids") -gt 1 ]] && pids=$(tr ' ' '\n' <<<"$pids" | grep -vx "$GW_PID")
+  [[ $(wc -w <<<"$pids") -gt 1 ]] && pids=$(tr ' ' '\n' <<<"$pids" | grep -vx "$pgid")
   PROFILERS=()
   for pid in $pids; do
     "$PY_SPY" record --pid "$pid" --rate 100 --duration "$secs" --format raw \
@@ -771,13 +771,13 @@ measure() {
   read -r app0 other0 <<<"$(group_cpu "$pgid")"
   read -r nginx0 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt0 idle0 <<<"$(machine_ticks)"
-  [[ $PROFILE == 1 && $target == gateway ]] && start_profilers "$label"
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && start_profilers "$label" "$pgid"
   children_cpu_ms
   wrk_ms0=$CHILD_MS
   run_wrk "$target" "$mode" "$conc" "$DURATION_S" "$label" >"$WORK/result.json"
   children_cpu_ms
   wrk_ms1=$CHILD_MS
-  [[ $PROFILE == 1 && $target == gateway ]] && wait_profilers
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && wait_profilers
   read -r app1 other1 <<<"$(group_cpu "$pgid")"
   read -r nginx1 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt1 idle1 <<<"$(machine_ticks)"
@@ -835,8 +835,12 @@ if ((HOLD_STREAMS > 0)); then
       for h in "${hdrs[@]}"; do hold_args+=(--header "$h"); done
       "$HOLD_PYTHON" "$BENCH_DIR/hold.py" "${hold_args[@]}" >"$WORK/$label.log" 2>&1 &
       WRK_PID=$!
+      # The opening burst (the ramp and a second more) is what --profile samples here.
+      [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] &&
+        start_profilers "$label" "$(target_pgid "$target")" "$(printf '%.0f' "$HOLD_RAMP_S")"
       wait "$WRK_PID" || true
       WRK_PID=""
+      [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && wait_profilers
       result=$(sed -n 's/^HOLD_RESULT //p' "$WORK/$label.log" | tail -n 1)
       if [[ -z $result ]]; then
         log "ERROR: no result from bench/hold.py for $label (see $WORK/$label.log)"

@@ -19,6 +19,7 @@ import aiohttp
 
 from gateway.context import RequestContext
 from gateway.dispatch.failures import failure, status_error
+from gateway.dispatch.idle import IdleWatch
 from gateway.dispatch.policy import Timeouts
 from gateway.errors import SwitchyardError, UpstreamError
 from gateway.providers.base import CacheHints, Provider, Scanner
@@ -97,36 +98,42 @@ class OpenStream:
             return
         loop = asyncio.get_running_loop()
         name = self.upstream.name
-        while True:
-            deadline = _earliest(self._total_deadline, loop.time() + idle_s if idle_s else None)
-            try:
-                async with asyncio.timeout_at(deadline):
+        watch = IdleWatch(idle_s, self._total_deadline)
+        try:
+            while True:
+                watch.reading()
+                try:
                     chunk = await anext(self._chunks)
-            except StopAsyncIteration:
-                self._eof = True
-                break
-            except TimeoutError:
-                if self._total_deadline is not None and loop.time() >= self._total_deadline:
-                    raise _total_timeout(name, self._timeouts) from None
-                raise failure(
-                    "idle_timeout",
-                    f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream",
-                ) from None
-            except aiohttp.ClientError as exc:
-                raise failure(
-                    "upstream_disconnected", f"deployment '{name}' broke the stream: {_describe(exc)}"
-                ) from None
-            out = scanner.feed(chunk)
-            if out:
-                ctx.last_chunk_at = time.perf_counter()
-                ctx.chunks = scanner.chunks
-                yield out
-            if scanner.malformed is not None:
-                raise malformed_error(name, scanner.malformed)
-            if scanner.done:
-                # The end is [DONE] itself: the client's answer ends now, whether or not
-                # the upstream ends its body (close() deals with the connection).
-                return
+                except StopAsyncIteration:
+                    self._eof = True
+                    break
+                except asyncio.CancelledError:
+                    if not watch.expired():
+                        raise
+                    if self._total_deadline is not None and loop.time() >= self._total_deadline:
+                        raise _total_timeout(name, self._timeouts) from None
+                    raise failure(
+                        "idle_timeout",
+                        f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream",
+                    ) from None
+                except aiohttp.ClientError as exc:
+                    raise failure(
+                        "upstream_disconnected", f"deployment '{name}' broke the stream: {_describe(exc)}"
+                    ) from None
+                watch.idle()
+                out = scanner.feed(chunk)
+                if out:
+                    ctx.last_chunk_at = time.perf_counter()
+                    ctx.chunks = scanner.chunks
+                    yield out
+                if scanner.malformed is not None:
+                    raise malformed_error(name, scanner.malformed)
+                if scanner.done:
+                    # The end is [DONE] itself: the client's answer ends now, whether or not
+                    # the upstream ends its body (close() deals with the connection).
+                    return
+        finally:
+            watch.stop()
         if not scanner.done:
             raise failure("stream_incomplete", f"deployment '{name}' ended the stream before it finished")
 

@@ -17,21 +17,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# Each pattern is searched in "\n" + the text from a "\n" rather than from a MULTILINE "^":
+# the same matches (none ends on a newline), but the regex engine jumps from newline to
+# newline instead of testing the anchor at every character (half the time and less).
 _CODE_LINE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import|return\b|for .* in |while |if .*:$|#include|function |"
+    r"\n\s*(?:def |class |import |from \S+ import|return\b|for .* in |while |if .*:$|#include|function |"
     r"const |let |var |public |private |SELECT |INSERT |CREATE |}|\{$|.*;$|.*\) \{$|//|/\*)",
     re.MULTILINE,
 )
-# Word starts, searched in the lowercased text with a space in front (str.count is far
-# faster than a regex alternation): " prove" matches "prove", "proves", not "improve".
+# Word starts, searched in the lowercased text with a space in front: " prove" matches
+# "prove", "proves", not "improve".
 _CUES = (
     " prove", " proof", " deriv", " step by step", " step-by-step", " why", " explain", " analy",
     " compar", " justif", " reason", " evaluat", " trade-off", " tradeoff", " optimi", " design",
     " architect", " debug", " critiq", " theorem", " lemma",
 )  # fmt: skip
+# The cues count as the sum of each one's str.count. One alternation finds the same (one
+# scan instead of 21): no cue is a prefix of another and none but " step by step" has a
+# space after its first character, so two matches can never overlap, except that one
+# with its inner spaces, which is counted on its own.
+_SPACED_CUE = " step by step"
+_CUE_STARTS = re.compile("|".join(re.escape(cue) for cue in _CUES if cue != _SPACED_CUE))
 _SAMPLE_CHARS = 600
-_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+\S", re.MULTILINE)
-_MATH_CHARS = ("=", "^", "∑", "∫", "√", "≤", "≥", "∂", "π", "\\frac", "\\sum", "\\int", "$")
+_NUMBERED = re.compile(r"\n\s*(?:\d+[.)]|[-*•])\s+\S")
+_MATH_ASCII = ("=", "^", "$")
+_MATH_SYMBOLS = ("∑", "∫", "√", "≤", "≥", "∂", "π")
+_MATH_LATEX = ("\\frac", "\\sum", "\\int")
 _EFFORT = {"minimal": 0.0, "low": 1.0, "medium": 2.0, "high": 3.0}
 
 FEATURE_NAMES = (
@@ -112,6 +123,17 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _math_hits(sample: str) -> int:
+    """Occurrences of the math markers; the symbols are looked for only in non-ASCII text,
+    the LaTeX commands only where there is a backslash (each count is a scan)."""
+    hits = sum(sample.count(c) for c in _MATH_ASCII)
+    if not sample.isascii():
+        hits += sum(sample.count(c) for c in _MATH_SYMBOLS)
+    if "\\" in sample:
+        hits += sum(sample.count(c) for c in _MATH_LATEX)
+    return hits
+
+
 def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
     """The features of a chat (or completions) request body."""
     messages = body.get("messages")
@@ -144,9 +166,9 @@ def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
     n = max(1, len(sample))
     lines = sample.count("\n") + 1
     fences = sample.count("```")
-    code_lines = len(_CODE_LINE.findall(sample)) if fences or lines > 1 else 0
+    lined = "\n" + sample
+    code_lines = len(_CODE_LINE.findall(lined)) if fences or lines > 1 else 0
     code_density = min(1.0, (code_lines + 3 * fences) / lines)
-    math_hits = sum(sample.count(c) for c in _MATH_CHARS)
     lowered = " " + sample.lower().replace("\n", " ")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     effort = body.get("reasoning_effort")
@@ -161,9 +183,9 @@ def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
         has_tools=bool(tools),
         json_mode=json_mode,
         code_density=code_density,
-        math_density=min(1.0, 20.0 * math_hits / n),
-        reasoning_cues=sum(lowered.count(cue) for cue in _CUES),
-        questions=sample.count("?") + len(_NUMBERED.findall(sample)),
+        math_density=min(1.0, 20.0 * _math_hits(sample) / n),
+        reasoning_cues=len(_CUE_STARTS.findall(lowered)) + lowered.count(_SPACED_CUE),
+        questions=sample.count("?") + len(_NUMBERED.findall(lined)),
         max_tokens=limit if isinstance(limit, int) else None,
         reasoning_effort=_EFFORT.get(effort) if isinstance(effort, str) else None,
         # CJK text is 3 bytes a character in UTF-8, so this is about 1 for it, 0 for English.

@@ -1,0 +1,92 @@
+"""The fast paths of request validation decide exactly as the slow ones: a body the quick
+chat check passes, pydantic accepts too; the level-by-level depth check agrees with the
+plain stack walk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from gateway.api.protocol import ChatCompletionRequest, _depth_over, _plainly_valid_chat
+
+# Values of every JSON type, valid and invalid for the modelled fields, with the edge cases
+# of strict mode (bools for ints, ints for floats, empty strings, out-of-range numbers).
+_SCALARS = st.sampled_from(
+    [None, True, False, 0, 1, 2, 3, 128, 129, -1, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, float("nan"),
+     float("inf"), "", "x", "user", "auto", "10", [], {}, ["x"], {"type": "text"}]
+)  # fmt: skip
+_CONTENT = st.one_of(
+    _SCALARS,
+    st.lists(st.one_of(_SCALARS, st.fixed_dictionaries({"type": _SCALARS})), max_size=2),
+)
+_MESSAGE = st.one_of(
+    _SCALARS,
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "tool", "robot", "", None, 1])},
+        optional={"content": _CONTENT, "name": _SCALARS, "tool_call_id": _SCALARS, "extra": _SCALARS},
+    ),
+)
+_FIELDS = (
+    "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
+    "tools", "tool_choice", "response_format", "user", "metadata", "unknown_field",
+)  # fmt: skip
+_BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": _SCALARS,
+        "messages": st.one_of(_SCALARS, st.lists(_MESSAGE, max_size=3)),
+        **{name: _SCALARS for name in _FIELDS},
+    },
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_BODY)
+def test_what_the_quick_chat_check_passes_pydantic_accepts(body: dict[str, Any]) -> None:
+    if _plainly_valid_chat(body):
+        try:
+            ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:  # pragma: no cover - the failure message
+            raise AssertionError(f"fast path passed an invalid body: {exc}") from None
+
+
+def test_the_quick_chat_check_takes_the_common_request() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": "n"}],
+        "stream": True,
+        "max_tokens": 64,
+        "temperature": 0.2,
+        "user": "u-1",
+        "metadata": {"k": "v"},
+    }
+    assert _plainly_valid_chat(body)
+
+
+def _reference_depth_over(body: Any, max_depth: int) -> bool:
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return False
+
+
+_JSON = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_JSON, st.integers(min_value=0, max_value=8))
+def test_depth_check_agrees_with_the_stack_walk(body: Any, max_depth: int) -> None:
+    assert _depth_over(body, max_depth) == _reference_depth_over(body, max_depth)
