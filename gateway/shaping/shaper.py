@@ -52,6 +52,7 @@ _HEAD_ROLES = ("system", "developer")
 _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
+_FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -188,6 +189,7 @@ class PolicyShaper:
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
+        self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
         # What a head's text reads as depends on the text alone; it is read against the last
         # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
@@ -521,8 +523,27 @@ class PolicyShaper:
     def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
         """The conversation's key (its template and first user message) and what its previous
         request's head looked like."""
-        key = _conversation(messages, template)
+        key = self._conversation_key(messages, template)
         return key, (self._conversations.get(key) if key else None)
+
+    def _conversation_key(self, messages: list[Any], template: str) -> str:
+        """A conversation's key: its template and first user message ("" when it has none). The
+        first user message is often long (a pasted file, a document) and the same from one
+        request of a conversation to the next: its hash is remembered for the last few (a
+        string compare instead of a hash over all of it)."""
+        raw = _first_user(messages)
+        if raw is None:
+            return ""
+        memo = self._first_users
+        for i, (seen, h) in enumerate(memo):
+            if seen == raw:
+                if i:
+                    memo.insert(0, memo.pop(i))
+                return f"{template}:{h}"
+        h = line_hash(raw)
+        memo.insert(0, (raw, h))
+        del memo[_FIRST_USERS_KEPT:]
+        return f"{template}:{h}"
 
     def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
         if len(self._conversations) > 5_000:
@@ -625,14 +646,13 @@ def _has_hash(joined: str, h: str) -> bool:
     return False
 
 
-def _conversation(messages: list[Any], template: str) -> str:
-    """A conversation's key: its template and first user message ("" when it has none)."""
+def _first_user(messages: list[Any]) -> str | None:
+    """The first user message's content as text (None when there is none)."""
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
-            raw = content if isinstance(content, str) else orjson.dumps(content).decode()
-            return f"{template}:{line_hash(raw)}"
-    return ""
+            return content if isinstance(content, str) else orjson.dumps(content).decode()
+    return None
 
 
 def _place(
