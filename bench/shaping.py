@@ -41,6 +41,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +52,9 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "--import-root" in sys.argv:
+    # One side of --baseline's A/B: this file's prompts against another checkout's gateway.
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--import-root") + 1]).resolve()))
 
 from gateway.procutil import free_port, serving
 from gateway.shaping.canonical import canonical_wrapper
@@ -508,6 +512,29 @@ def _corpus_table(results: dict[str, Any]) -> bool:
     return failed
 
 
+def _cost_ab(baseline: Path, rounds: int) -> int:
+    """Shaping's cost, this checkout's gateway and ``baseline``'s, measured alternately (each
+    in a process of its own, the same prompts), so both see the same machine load."""
+    here = Path(__file__).resolve().parent.parent
+    sides = {"baseline": baseline.resolve(), "this": here}
+    medians: dict[str, list[list[float]]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, root in sides.items():
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                command = [sys.executable, __file__, "--cost-only", "--json", out.name, "--import-root", str(root)]
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+                costs = json.loads(Path(out.name).read_text())["cost"]
+            medians[name].append([cost["median_us"] for cost in costs])
+    cases = [f"{c['system_lines']} lines, {c['prompt_tokens']:,} tokens" for c in costs]
+    print(f"| system prompt | baseline ({baseline}) | this checkout |")
+    print("|---|---|---|")
+    for i, case in enumerate(cases):
+        base = [run[i] for run in medians["baseline"]]
+        this = [run[i] for run in medians["this"]]
+        print(f"| {case} | {min(base):.0f}–{max(base):.0f} µs | {min(this):.0f}–{max(this):.0f} µs |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefill-ms-per-1k", type=float, default=50.0)
@@ -516,7 +543,17 @@ def main() -> int:
     parser.add_argument("--cost-only", action="store_true", help="only measure shaping's own cost")
     parser.add_argument("--no-corpus", dest="corpus", action="store_false", help="skip the template corpus")
     parser.add_argument("--corpus-only", action="store_true", help="only the template corpus")
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="with --cost-only: measure this checkout's gateway and CHECKOUT's (e.g. an older commit's "
+        "`git archive`) alternately, --rounds times each, and print both",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each side for --baseline")
+    parser.add_argument("--import-root", help=argparse.SUPPRESS)  # read before the imports, above
     args = parser.parse_args()
+    if args.baseline:
+        return _cost_ab(Path(args.baseline), args.rounds)
     results: dict[str, Any] = {}
     if not args.cost_only:
         results["workloads"] = run_matrix(args)
