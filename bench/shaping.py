@@ -72,7 +72,7 @@ RULES = [
 NAMES = ["Ana Lopez", "Bo Chen", "Cy Okafor", "Di Rossi", "Ed Novak", "Flo Berg", "Gus Iyer", "Hal Moreau"]
 NAMES += ["Ivy Tanaka", "Jo Silva", "Kai Weber", "Lu Haddad"]
 CONFIGS = ("off", "on", "on-end", "ideal")
-RAG_CONFIGS = (*CONFIGS, "reachable")  # a retrieval template's workload is also written as reachable
+RAG_CONFIGS = (*CONFIGS, "reachable")  # some corpus templates are also written as reachable
 
 
 def _now() -> str:
@@ -245,13 +245,49 @@ def _reachable_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
     return out
 
 
+def _reachable_section_late(template: corpus.Template, heading: str) -> list[list[dict[str, Any]]]:
+    """The template's workload with the markdown section under ``heading`` (it holds a value new
+    on every request beside per-session ones) out of the system prompt and, whole, in a system
+    message after the newest message on every request: the latest place, so the history stays
+    a common prefix; the section's per-session lines are then sent anew each step."""
+    out = corpus.sessions(template, users=8, turns=5)
+    for bodies in out:
+        for body in bodies:
+            messages = body["messages"]
+            lines = messages[0]["content"].split("\n")
+            start = lines.index(heading)
+            level = len(heading) - len(heading.lstrip("#"))
+            end = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith("#" * level + " ")),
+                len(lines),
+            )
+            section = lines[start:end]
+            while section and not section[-1].strip():
+                section.pop()
+            messages[0]["content"] = "\n".join(lines[:start] + lines[end:])
+            messages.append({"role": "system", "content": "\n".join(section)})
+    return out
+
+
+REACHABLE = {
+    # Per-session values only (the working directory in three units, the first inside the
+    # tools section): every other order of whole units shares less across users.
+    "xml_tool_agent": lambda t: corpus.sessions(t, users=8, turns=5),
+    "terminal_sections": lambda t: _reachable_section_late(t, "# Environment"),
+    "rag_handbook": _reachable_rag,
+    "rag_sources_fenced": _reachable_rag,
+}
+"""Per template, its workload written in the best layout of whole units that keeps its meaning
+(the ``reachable`` column: an upper bound for shaping that never breaks a unit)."""
+
+
 def corpus_workload(template: corpus.Template, config: str) -> list[list[dict[str, Any]]]:
     """A corpus template's sessions (8 users x 5 turns); ``ideal`` is the no-variation bound,
-    ``reachable`` (retrieval templates) the best meaning-preserving layout (:func:`_reachable_rag`)."""
+    ``reachable`` (the templates of :data:`REACHABLE`) the best meaning-preserving layout."""
     if config == "ideal":
         return _bound_values(template)
     if config == "reachable":
-        return _reachable_rag(template)
+        return REACHABLE[template.name](template)
     return corpus.sessions(template, users=8, turns=5)
 
 
@@ -385,7 +421,7 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 with serving(gw_cmd, f"http://127.0.0.1:{port}/healthz", log=gw_log, env=env, cwd=ROOT):
                     # The corpus prompts are under OpenAI's 1,024-token minimum: vLLM's model only.
                     for template in corpus.TEMPLATES if args.corpus and cache_model == "vllm" else ():
-                        if config == "reachable" and not template.rag:
+                        if config == "reachable" and template.name not in REACHABLE:
                             continue
                         _post(sim_url + "/sim/reset")
                         url = f"http://127.0.0.1:{port}/v1/chat/completions"
