@@ -672,7 +672,9 @@ def _place(
     of them that is not blank. What would land at the end of the head and read as part of the
     unit before it (after a markdown section, or glued to its last line) stays where it is:
     the retrieval block, or the units moving to the end (``moving`` and ``end`` updated)."""
-    stable = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+    stable = list(compress(range(len(units)), map(not_, moving)))
+    if rag >= 0:
+        stable = [i for i in stable if i != rag]
     # Only the last one that is not blank is needed.
     last_nonblank = next(
         (n for n in range(len(stable) - 1, -1, -1) if lines[units[stable[n]].start].strip()), -1
@@ -687,7 +689,7 @@ def _place(
         return _place(units, lines, moving, end, -1)
     if any(end) and nonblank:
         before = rag if rag >= 0 else stable[nonblank[-1]]
-        if _chain_joins(units, lines, [before, *(i for i, e in enumerate(end) if e)]):
+        if _chain_joins(units, lines, [before, *compress(range(len(end)), end)]):
             for i, e in enumerate(end):
                 if e:
                     moving[i] = end[i] = False
