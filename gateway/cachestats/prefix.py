@@ -113,6 +113,7 @@ class _Recent:
     the longest common start are hashed: the cost follows what is new, not the prompt's length."""
 
     KEPT = 8
+    KEPT_MAX_BYTES = 1 << 22  # a longer prompt is not kept (eight of them stay a few MB at most)
     PROBED = 3  # at most this many candidates are measured (the most recent that start alike)
 
     def __init__(self) -> None:
@@ -135,9 +136,10 @@ class _Recent:
             if probed == self.PROBED or common == whole:
                 break
         chain = PrefixChain(text, seed, best, best_common)
-        entries = self._entries
-        entries.insert(0, (seed, text, chain))
-        del entries[self.KEPT :]
+        if len(text) <= self.KEPT_MAX_BYTES:
+            entries = self._entries
+            entries.insert(0, (seed, text, chain))
+            del entries[self.KEPT :]
         return chain
 
 
