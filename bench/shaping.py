@@ -41,6 +41,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +52,9 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "--import-root" in sys.argv:
+    # One side of --baseline's A/B: this file's prompts against another checkout's gateway.
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--import-root") + 1]).resolve()))
 
 from gateway.procutil import free_port, serving
 from gateway.shaping.canonical import canonical_wrapper
@@ -68,6 +72,7 @@ RULES = [
 NAMES = ["Ana Lopez", "Bo Chen", "Cy Okafor", "Di Rossi", "Ed Novak", "Flo Berg", "Gus Iyer", "Hal Moreau"]
 NAMES += ["Ivy Tanaka", "Jo Silva", "Kai Weber", "Lu Haddad"]
 CONFIGS = ("off", "on", "on-end", "ideal")
+RAG_CONFIGS = (*CONFIGS, "reachable")  # some corpus templates are also written as reachable
 
 
 def _now() -> str:
@@ -212,10 +217,77 @@ def _bound_values(template: corpus.Template) -> list[list[dict[str, Any]]]:
     return bound
 
 
+_RAG_OPEN, _RAG_CLOSE = ("<context>", "<documents>"), ("</context>", "</documents>")
+
+
+def _reachable_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
+    """A retrieval template's workload written the best way any meaning-preserving shaping
+    could send it when passages change on every request: the retrieval block (its element
+    lines, with the heading or lead-in line it reads under) out of the system prompt and, whole,
+    in a system message after the newest message, on every turn. The instructions and the
+    whole history before the newest message are then a common prefix; the passages, new on
+    every request, never can be."""
+    out = corpus.sessions(template, users=8, turns=5)
+    for bodies in out:
+        for body in bodies:
+            messages = body["messages"]
+            lines = messages[0]["content"].split("\n")
+            start = next(i for i, line in enumerate(lines) if line.strip() in _RAG_OPEN)
+            end = next(i for i in range(start, len(lines)) if lines[i].strip() in _RAG_CLOSE)
+            above = lines[start - 1].strip() if start else ""
+            if above.startswith("#") or above.endswith(":"):
+                start -= 1
+            rest = lines[:start] + lines[end + 1 :]
+            if 0 < start < len(rest) and not rest[start].strip() and not rest[start - 1].strip():
+                del rest[start]  # one blank line where the block was, not two
+            messages[0]["content"] = "\n".join(rest)
+            messages.append({"role": "system", "content": "\n".join(lines[start : end + 1])})
+    return out
+
+
+def _reachable_section_late(template: corpus.Template, heading: str) -> list[list[dict[str, Any]]]:
+    """The template's workload with the markdown section under ``heading`` (it holds a value new
+    on every request beside per-session ones) out of the system prompt and, whole, in a system
+    message after the newest message on every request: the latest place, so the history stays
+    a common prefix; the section's per-session lines are then sent anew each step."""
+    out = corpus.sessions(template, users=8, turns=5)
+    for bodies in out:
+        for body in bodies:
+            messages = body["messages"]
+            lines = messages[0]["content"].split("\n")
+            start = lines.index(heading)
+            level = len(heading) - len(heading.lstrip("#"))
+            end = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith("#" * level + " ")),
+                len(lines),
+            )
+            section = lines[start:end]
+            while section and not section[-1].strip():
+                section.pop()
+            messages[0]["content"] = "\n".join(lines[:start] + lines[end:])
+            messages.append({"role": "system", "content": "\n".join(section)})
+    return out
+
+
+REACHABLE = {
+    # Per-session values only (the working directory in three units, the first inside the
+    # tools section): every other order of whole units shares less across users.
+    "xml_tool_agent": lambda t: corpus.sessions(t, users=8, turns=5),
+    "terminal_sections": lambda t: _reachable_section_late(t, "# Environment"),
+    "rag_handbook": _reachable_rag,
+    "rag_sources_fenced": _reachable_rag,
+}
+"""Per template, its workload written in the best layout of whole units that keeps its meaning
+(the ``reachable`` column: an upper bound for shaping that never breaks a unit)."""
+
+
 def corpus_workload(template: corpus.Template, config: str) -> list[list[dict[str, Any]]]:
-    """A corpus template's sessions (8 users x 5 turns); ``ideal`` is the no-variation bound."""
+    """A corpus template's sessions (8 users x 5 turns); ``ideal`` is the no-variation bound,
+    ``reachable`` (the templates of :data:`REACHABLE`) the best meaning-preserving layout."""
     if config == "ideal":
         return _bound_values(template)
+    if config == "reachable":
+        return REACHABLE[template.name](template)
     return corpus.sessions(template, users=8, turns=5)
 
 
@@ -245,6 +317,7 @@ def _policy(sim_url: str, config: str) -> str:
     shaping = {
         "off": "shaping: {enabled: false}",
         "ideal": "shaping: {enabled: false}",
+        "reachable": "shaping: {enabled: false}",
         "on": "shaping: {rag: {enabled: true}}",
         "on-end": "shaping: {placement: end_of_system, rag: {enabled: true}}",
     }[config]
@@ -330,7 +403,7 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         sim_cmd += ["--cache-model", cache_model, "--prefill-ms-per-1k", str(args.prefill_ms_per_1k)]
         sim_url = f"http://127.0.0.1:{sim_port}"
         with serving(sim_cmd, sim_url + "/health", log=tmp / f"sim-{cache_model}.log", cwd=ROOT):
-            for config in CONFIGS:
+            for config in RAG_CONFIGS:
                 policy = tmp / f"policy-{config}.yaml"
                 policy.write_text(_policy(sim_url, config))
                 port = free_port()
@@ -348,6 +421,8 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 with serving(gw_cmd, f"http://127.0.0.1:{port}/healthz", log=gw_log, env=env, cwd=ROOT):
                     # The corpus prompts are under OpenAI's 1,024-token minimum: vLLM's model only.
                     for template in corpus.TEMPLATES if args.corpus and cache_model == "vllm" else ():
+                        if config == "reachable" and template.name not in REACHABLE:
+                            continue
                         _post(sim_url + "/sim/reset")
                         url = f"http://127.0.0.1:{port}/v1/chat/completions"
                         sessions = corpus_workload(template, config)
@@ -359,6 +434,8 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                             file=sys.stderr,
                         )
                     for name, make in WORKLOADS.items() if not args.corpus_only else ():
+                        if config == "reachable":
+                            continue
                         _post(sim_url + "/sim/reset")
                         row = asyncio.run(
                             _replay(
@@ -486,26 +563,54 @@ def _corpus_table(results: dict[str, Any]) -> bool:
     failed = False
     print()
     print(
-        "| cache model | template | kind | off | on | on (end of system) | bound | TTFT p50 off → on "
-        "| semantic changes |"
+        "| cache model | template | kind | off | on | on (end of system) | bound | reachable | on / bound "
+        "| on / reachable | TTFT p50 off → on | semantic changes |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     checks = {t.name: semantic_check(t, {"rag": {"enabled": True}}) for t in corpus.TEMPLATES}
     for cache_model, workloads in results["workloads"].items():
         for template in corpus.TEMPLATES:
             rows = workloads.get(f"t:{template.name}")
             if rows is None:
                 continue
-            share = {c: rows[c]["cached_share"] for c in CONFIGS}
+            share = {c: rows[c]["cached_share"] for c in RAG_CONFIGS if c in rows}
             failed |= share["on"] + 0.005 < share["off"] or checks[template.name] > 0
+            reachable = share.get("reachable")
+            reach = f"{100 * reachable:.1f}%" if reachable else "-"
+            on_reach = f"{100 * share['on'] / reachable:.0f}%" if reachable else "-"
             print(
                 f"| {cache_model} | {template.name} | {template.kind} | {100 * share['off']:.1f}% "
                 f"| {100 * share['on']:.1f}% | {100 * share['on-end']:.1f}% | {100 * share['ideal']:.1f}% "
+                f"| {reach} | {100 * share['on'] / share['ideal']:.0f}% | {on_reach} "
                 f"| {rows['off']['ttft_p50_ms']:.1f} → {rows['on']['ttft_p50_ms']:.1f} ms "
                 f"| {checks[template.name]} |"
             )
     results["semantic_changes"] = checks
     return failed
+
+
+def _cost_ab(baseline: Path, rounds: int) -> int:
+    """Shaping's cost, this checkout's gateway and ``baseline``'s, measured alternately (each
+    in a process of its own, the same prompts), so both see the same machine load."""
+    here = Path(__file__).resolve().parent.parent
+    sides = {"baseline": baseline.resolve(), "this": here}
+    medians: dict[str, list[list[float]]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, root in sides.items():
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                command = [sys.executable, __file__, "--cost-only", "--json", out.name]
+                command += ["--import-root", str(root)]
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+                costs = json.loads(Path(out.name).read_text())["cost"]
+            medians[name].append([cost["median_us"] for cost in costs])
+    cases = [f"{c['system_lines']} lines, {c['prompt_tokens']:,} tokens" for c in costs]
+    print(f"| system prompt | baseline ({baseline}) | this checkout |")
+    print("|---|---|---|")
+    for i, case in enumerate(cases):
+        base = [run[i] for run in medians["baseline"]]
+        this = [run[i] for run in medians["this"]]
+        print(f"| {case} | {min(base):.0f}-{max(base):.0f} µs | {min(this):.0f}-{max(this):.0f} µs |")
+    return 0
 
 
 def main() -> int:
@@ -516,7 +621,17 @@ def main() -> int:
     parser.add_argument("--cost-only", action="store_true", help="only measure shaping's own cost")
     parser.add_argument("--no-corpus", dest="corpus", action="store_false", help="skip the template corpus")
     parser.add_argument("--corpus-only", action="store_true", help="only the template corpus")
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="with --cost-only: measure this checkout's gateway and CHECKOUT's (e.g. an older commit's "
+        "`git archive`) alternately, --rounds times each, and print both",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each side for --baseline")
+    parser.add_argument("--import-root", help=argparse.SUPPRESS)  # read before the imports, above
     args = parser.parse_args()
+    if args.baseline:
+        return _cost_ab(Path(args.baseline), args.rounds)
     results: dict[str, Any] = {}
     if not args.cost_only:
         results["workloads"] = run_matrix(args)

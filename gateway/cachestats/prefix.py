@@ -46,7 +46,7 @@ KEY_PREFIX = "sy:pfx:"
 _FINE_KEY_PREFIX = "sy:pfx64:"
 
 
-def _chain(text: bytes, step: int, seed: int) -> list[int]:
+def _chain(text: bytes | memoryview, step: int, seed: int) -> list[int]:
     out = []
     crc = seed
     for start in range(0, len(text) - step + 1, step):
@@ -55,27 +55,111 @@ def _chain(text: bytes, step: int, seed: int) -> list[int]:
     return out
 
 
+def _continued(text: bytes, step: int, seed: int, known: list[int], common_bytes: int) -> list[int]:
+    """The chain of ``text``, reusing ``known`` (the chain of a prompt whose first
+    ``common_bytes`` bytes are the same): its checkpoints inside the common bytes are this
+    prompt's too, and the CRC runs on from the last of them over what follows."""
+    reused = min(common_bytes // step, len(known))
+    if not reused:
+        return _chain(text, step, seed)
+    start = reused * step
+    return [*known[:reused], *_chain(memoryview(text)[start:], step, known[reused - 1])]
+
+
 class PrefixChain(list[int]):
     """The checkpoint chain of a prompt (a ``list`` of :data:`CHECKPOINT_BYTES` steps), with
     the prompt's length and, computed on first use, the :data:`FINE_BYTES` chain that vLLM
     deployments are looked up with."""
 
-    __slots__ = ("_fine", "_seed", "_text", "prompt_bytes")
+    __slots__ = ("_common", "_fine", "_fine_known", "_seed", "_text", "prompt_bytes")
 
-    def __init__(self, text: bytes, seed: int) -> None:
-        super().__init__(_chain(text, CHECKPOINT_BYTES, seed))
+    def __init__(
+        self,
+        text: bytes,
+        seed: int,
+        known: PrefixChain | None = None,
+        common_bytes: int = 0,
+    ) -> None:
+        if known is None:
+            super().__init__(_chain(text, CHECKPOINT_BYTES, seed))
+        else:
+            super().__init__(_continued(text, CHECKPOINT_BYTES, seed, known, common_bytes))
         self._text: bytes | None = text
         self._seed = seed
         self._fine: list[int] | None = None
+        # The fine chain of the prompt this one starts like, if it was computed: reused too.
+        self._fine_known = known._fine if known is not None else None
+        self._common = common_bytes
         self.prompt_bytes = len(text)
 
     @property
     def fine(self) -> list[int]:
         """The chain in :data:`FINE_BYTES` steps."""
         if self._fine is None:
-            self._fine = _chain(self._text or b"", FINE_BYTES, self._seed)
+            text = self._text or b""
+            if self._fine_known is not None:
+                self._fine = _continued(text, FINE_BYTES, self._seed, self._fine_known, self._common)
+            else:
+                self._fine = _chain(text, FINE_BYTES, self._seed)
             self._text = None  # not needed any more: keep queued chains small
+            self._fine_known = None
         return self._fine
+
+
+class _Recent:
+    """The last prompts rendered and their chains (a few, the most recent first). A template's
+    requests share their start (tools, the shaped system prompt, the history), so a prompt is
+    compared with them (a few ``startswith`` over memory, no hashing) and only the bytes after
+    the longest common start are hashed: the cost follows what is new, not the prompt's length."""
+
+    KEPT = 8
+    KEPT_MAX_BYTES = 1 << 22  # a longer prompt is not kept (eight of them stay a few MB at most)
+    PROBED = 3  # at most this many candidates are measured (the most recent that start alike)
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, bytes, PrefixChain]] = []
+
+    def chain(self, text: bytes, seed: int) -> PrefixChain:
+        """``text``'s chain, computed from the best match among the recent prompts."""
+        best: PrefixChain | None = None
+        best_common = 0
+        probed = 0
+        head = memoryview(text)[:CHECKPOINT_BYTES]
+        whole = len(text) // CHECKPOINT_BYTES * CHECKPOINT_BYTES
+        for entry_seed, old, old_chain in self._entries:
+            if entry_seed != seed or len(old) < CHECKPOINT_BYTES or not old.startswith(head):
+                continue
+            common = _common_steps(text, old) * CHECKPOINT_BYTES
+            if common > best_common:
+                best, best_common = old_chain, common
+            probed += 1
+            if probed == self.PROBED or common == whole:
+                break
+        chain = PrefixChain(text, seed, best, best_common)
+        if len(text) <= self.KEPT_MAX_BYTES:
+            entries = self._entries
+            entries.insert(0, (seed, text, chain))
+            del entries[self.KEPT :]
+        return chain
+
+
+def _common_steps(text: bytes, old: bytes) -> int:
+    """How many whole checkpoint steps ``text`` and ``old`` share from the start (a binary
+    search over ``startswith``: a memory compare per probe, no copy)."""
+    view = memoryview(old)
+    low, high = 0, min(len(text), len(old)) // CHECKPOINT_BYTES
+    if text.startswith(view[: high * CHECKPOINT_BYTES]):
+        return high  # a repeat, or this prompt continues that one
+    while low < high:
+        mid = (low + high + 1) // 2
+        if text.startswith(view[: mid * CHECKPOINT_BYTES]):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+_RECENT = _Recent()
 
 
 def checkpoints(body: Mapping[str, Any]) -> PrefixChain:
@@ -83,7 +167,7 @@ def checkpoints(body: Mapping[str, Any]) -> PrefixChain:
     seeded by its ``cache_salt``."""
     salt = body.get("cache_salt")
     seed = zlib.crc32(salt.encode("utf-8", "surrogatepass")) if isinstance(salt, str) and salt else 0
-    return PrefixChain(render_chat(body), seed)
+    return _RECENT.chain(render_chat(body), seed)
 
 
 class Geometries:

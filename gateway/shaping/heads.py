@@ -24,6 +24,10 @@ _FIRST, _THIRD = itemgetter(0), itemgetter(2)
 _TOOL_SETS_KEPT = 256  # tool sets (templates, mostly) remembered per policy
 _SHAPES_KEPT = 4  # heads remembered per tool set, one per line count
 _MAX_CHANGED = 16  # more changed lines than this: read the head afresh
+_EXACT_KEPT = 512  # heads remembered by their exact text (a template's users repeat theirs)
+_EXACT_MAX_CHARS = 1 << 17  # longer heads are not remembered whole (memory)
+_SAMPLE_CHARS = 96  # a head's first and last characters, with its length, find its repeats
+_BUCKET_KEPT = 4  # heads kept per length and ends (one line varying in the middle: the latest)
 
 
 class Head(NamedTuple):
@@ -130,6 +134,9 @@ class HeadReader:
         self.detectors = detectors
         self.rag_markers = rag_markers
         self._recent: dict[str, list[_Recent]] = {}  # per tool set, the most recent first
+        # Heads seen before, by their exact text and tool set: a repeat is one lookup (a head
+        # is immutable and depends on its text and tools alone).
+        self._exact: dict[tuple[int, str, str, str], list[tuple[str, Head]]] = {}
 
     def template(self, lines: list[str], tool_names: str) -> str:
         """A template named by its longest line, masked, and its tool names."""
@@ -139,6 +146,27 @@ class HeadReader:
     def read(self, content: str, tool_names: str) -> Head:
         """What ``content`` reads as (the same as a full read, at the cost of what changed
         since the last head of its template shape)."""
+        # Heads seen before, found by their length and ends (hashing all of a long head would
+        # cost more than reading it against the last one) and then compared whole.
+        key = (len(content), content[:_SAMPLE_CHARS], content[-_SAMPLE_CHARS:], tool_names)
+        exact = self._exact
+        bucket = exact.get(key)
+        if bucket is not None:
+            for seen, head in bucket:
+                if seen == content:
+                    return head
+        head = self._read(content, tool_names)
+        if len(content) <= _EXACT_MAX_CHARS:
+            if bucket is None:
+                if len(exact) >= _EXACT_KEPT:
+                    del exact[next(iter(exact))]  # the oldest
+                bucket = exact[key] = []
+            bucket.insert(0, (content, head))
+            del bucket[_BUCKET_KEPT:]
+        return head
+
+    def _read(self, content: str, tool_names: str) -> Head:
+        """:meth:`read` without the exact-repeat lookup."""
         recents = self._recent.get(tool_names)
         if recents is None:
             if len(self._recent) >= _TOOL_SETS_KEPT:

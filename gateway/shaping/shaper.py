@@ -52,6 +52,7 @@ _HEAD_ROLES = ("system", "developer")
 _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
+_FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -188,6 +189,7 @@ class PolicyShaper:
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
+        self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
         # What a head's text reads as depends on the text alone; it is read against the last
         # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
@@ -337,13 +339,16 @@ class PolicyShaper:
         say it varies; blank units and non-text parts carry nothing that varies: they stay."""
         policy = self.policy
         if stability is None or not policy.learn:
-            return detected
+            return list(detected)  # a copy: the caller changes it, the head's list is shared
         learned = stability.verdicts(template, hashes, policy.learn_min_requests, policy.stable_share)
         stability.observe(template, hashes, writer)
-        return [
-            d if k is None else (not k and t is not None and bool(t.strip()))
-            for t, d, k in zip(texts, detected, learned, strict=True)
-        ]
+        if not learned or learned[0] is None:  # not known yet: for all of them, or none
+            return list(detected)
+        moving = list(map(not_, learned))
+        for i in list(compress(range(len(moving)), moving)):  # the few the counts find volatile
+            text = texts[i]
+            moving[i] = text is not None and bool(text.strip())
+        return moving
 
     def _shape_text(
         self,
@@ -394,7 +399,10 @@ class PolicyShaper:
         late_idx = list(compress(range(len(units)), late))
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
-        end = [m and not x for m, x in zip(moving, late, strict=True)]
+            late_idx = []
+        end = list(moving)
+        for i in late_idx:
+            end[i] = False
         order, rag = _place(units, lines, moving, end, rag)
         end_idx = list(compress(range(len(units)), end))
         late_idx = list(compress(range(len(units)), late))
@@ -410,15 +418,16 @@ class PolicyShaper:
             order, rag = _place(units, lines, moving, list(moving), rag_kept)
             if rag < 0 or not self._reads_whole(units, texts, order, []):
                 order, rag = list(range(len(units))), -1
-        stable_idx = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
-        stable_hashes = "".join([hashes[i] for i in stable_idx])
+        # The units that stay, in their order (``order`` is exactly those, and the block).
+        stable_idx = order if rag < 0 else [i for i in order if i != rag]
+        stable_hashes = "".join(map(hashes.__getitem__, stable_idx))
         stable_key = stable_hashes.encode()
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
             self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
         has_stable = any(texts[i].strip() for i in stable_idx)
-        stable_text = "\n".join([texts[i] for i in order if i != rag])
+        stable_text = "\n".join(map(texts.__getitem__, stable_idx))
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
@@ -427,7 +436,7 @@ class PolicyShaper:
             return stable_key if has_stable else b""
         before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
         result.head_stable_chars = len(before_rag.rstrip("\n"))
-        shaped = "\n".join([texts[i] for i in (*order, *end_idx)])
+        shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
         result.moved = len(end_idx) + len(late_idx)
@@ -514,15 +523,36 @@ class PolicyShaper:
             # A first turn (not yet an agent step) has no history to keep reusable: the end of
             # the system message is as good, and the next turn finds it there.
             return [False] * len(moving)
-        if previous is None:
-            return [m and d for m, d in zip(moving, detected, strict=True)]
-        return [m and h not in previous.moved for m, h in zip(moving, hashes, strict=True)]
+        late = [False] * len(moving)
+        moved = previous.moved if previous is not None else None
+        for i in compress(range(len(moving)), moving):
+            late[i] = detected[i] if moved is None else hashes[i] not in moved
+        return late
 
     def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
         """The conversation's key (its template and first user message) and what its previous
         request's head looked like."""
-        key = _conversation(messages, template)
+        key = self._conversation_key(messages, template)
         return key, (self._conversations.get(key) if key else None)
+
+    def _conversation_key(self, messages: list[Any], template: str) -> str:
+        """A conversation's key: its template and first user message ("" when it has none). The
+        first user message is often long (a pasted file, a document) and the same from one
+        request of a conversation to the next: its hash is remembered for the last few (a
+        string compare instead of a hash over all of it)."""
+        raw = _first_user(messages)
+        if raw is None:
+            return ""
+        memo = self._first_users
+        for i, (seen, h) in enumerate(memo):
+            if seen == raw:
+                if i:
+                    memo.insert(0, memo.pop(i))
+                return f"{template}:{h}"
+        h = line_hash(raw)
+        memo.insert(0, (raw, h))
+        del memo[_FIRST_USERS_KEPT:]
+        return f"{template}:{h}"
 
     def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
         if len(self._conversations) > 5_000:
@@ -625,14 +655,13 @@ def _has_hash(joined: str, h: str) -> bool:
     return False
 
 
-def _conversation(messages: list[Any], template: str) -> str:
-    """A conversation's key: its template and first user message ("" when it has none)."""
+def _first_user(messages: list[Any]) -> str | None:
+    """The first user message's content as text (None when there is none)."""
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
-            raw = content if isinstance(content, str) else orjson.dumps(content).decode()
-            return f"{template}:{line_hash(raw)}"
-    return ""
+            return content if isinstance(content, str) else orjson.dumps(content).decode()
+    return None
 
 
 def _place(
@@ -643,7 +672,9 @@ def _place(
     of them that is not blank. What would land at the end of the head and read as part of the
     unit before it (after a markdown section, or glued to its last line) stays where it is:
     the retrieval block, or the units moving to the end (``moving`` and ``end`` updated)."""
-    stable = [i for i in compress(range(len(units)), map(not_, moving)) if i != rag]
+    stable = list(compress(range(len(units)), map(not_, moving)))
+    if rag >= 0:
+        stable = [i for i in stable if i != rag]
     # Only the last one that is not blank is needed.
     last_nonblank = next(
         (n for n in range(len(stable) - 1, -1, -1) if lines[units[stable[n]].start].strip()), -1
@@ -658,7 +689,7 @@ def _place(
         return _place(units, lines, moving, end, -1)
     if any(end) and nonblank:
         before = rag if rag >= 0 else stable[nonblank[-1]]
-        if _chain_joins(units, lines, [before, *(i for i, e in enumerate(end) if e)]):
+        if _chain_joins(units, lines, [before, *compress(range(len(end)), end)]):
             for i, e in enumerate(end):
                 if e:
                     moving[i] = end[i] = False

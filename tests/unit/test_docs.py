@@ -32,7 +32,7 @@ FOREIGN_FLAGS = {
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--build", "--profile", "--cluster-enabled", "--check", "--strict",
     # bench/shaping.py
-    "--cost-only",
+    "--cost-only", "--baseline", "--rounds", "--corpus-only",
 }  # fmt: skip
 
 

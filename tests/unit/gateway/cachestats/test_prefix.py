@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.cachestats.prefix import (
+    CHECKPOINT_BYTES,
     CHECKPOINT_TOKENS,
     FINE_BYTES,
     Geometries,
     LocalPrefixes,
+    _chain,
+    _Recent,
     checkpoints,
 )
 
@@ -68,3 +75,34 @@ def test_usage_of_other_deployments_does_not_calibrate() -> None:
     geometry.observe("openai", chain, 10)
     geometry.observe("openai", [1, 2, 3], 10)
     assert geometry.bytes_per_token("openai") == 4.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["", "tenant"]), st.integers(0, 3), st.integers(0, 2500), st.binary(max_size=40)
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_a_chain_reused_from_a_recent_prompt_equals_one_computed_afresh(
+    edits: list[tuple[str, int, int, bytes]], fine_first: bool
+) -> None:
+    # Prompts that share starts of every length with the recent ones (and repeat them): the
+    # incremental chain, and its fine chain, are exactly the chain of the whole prompt.
+    recent = _Recent()
+    texts = [b"seed prompt " * 300]
+    for salt, base, cut, tail in edits:
+        old = texts[min(base, len(texts) - 1)]
+        text = old[:cut] + tail + old[cut:][: len(tail) * 37]
+        texts.append(text)
+        seed = zlib.crc32(salt.encode()) if salt else 0
+        chain = recent.chain(text, seed)
+        if fine_first:
+            assert chain.fine == _chain(text, FINE_BYTES, seed)
+        assert list(chain) == _chain(text, CHECKPOINT_BYTES, seed)
+        assert chain.fine == _chain(text, FINE_BYTES, seed)
+        assert chain.prompt_bytes == len(text)
