@@ -135,6 +135,10 @@ class _Layout:
     stable: str
 
 
+_Placed = tuple[list[int], list[int], list[int], int, list[bool]]
+"""What :meth:`PolicyShaper._placed` decides: (order, end_idx, late_idx, rag, moving)."""
+
+
 def _tool_name(tool: Any) -> str:
     if isinstance(tool, dict):
         function = tool.get("function")
@@ -195,6 +199,7 @@ class PolicyShaper:
         # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
         self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
         self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
+        self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -372,8 +377,11 @@ class PolicyShaper:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
             # model learns must not change the prefix of a conversation under way.
             moved, stable_before = previous.moved, previous.stable
-            if moved:
-                moving = [m or h in moved for m, h in zip(moving, hashes, strict=True)]
+            for h in moved:  # a few hashes: their units found by index, at C speed
+                i = _index(hashes, h, 0)
+                while i >= 0:
+                    moving[i] = True
+                    i = _index(hashes, h, i + 1)
             for i in list(compress(range(len(moving)), moving)):  # the few moving units
                 h = hashes[i]
                 if h not in moved and _has_hash(stable_before, h):
@@ -396,28 +404,7 @@ class PolicyShaper:
                 # any content that changes within the conversation (the history stays cached).
                 moving[rag], rag = True, -1
         late = self._late(messages, at, previous, hashes, moving, detected)
-        late_idx = list(compress(range(len(units)), late))
-        if _chain_joins(units, lines, late_idx):
-            late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
-            late_idx = []
-        end = list(moving)
-        for i in late_idx:
-            end[i] = False
-        order, rag = _place(units, lines, moving, end, rag)
-        end_idx = list(compress(range(len(units)), end))
-        late_idx = list(compress(range(len(units)), late))
-        if (end_idx or late_idx or rag >= 0) and not self._reads_whole(
-            units, texts, (*order, *end_idx), late_idx
-        ):
-            # Side by side in their new places, some units would read as one (an unclosed tag
-            # swallowing an element, two lines joining into a sentence): only the retrieval
-            # block moves, if it alone can (what a second pass would do: the volatile units
-            # then keep the place they had), or nothing.
-            moving = [False] * len(units)
-            end_idx, late_idx = [], []
-            order, rag = _place(units, lines, moving, list(moving), rag_kept)
-            if rag < 0 or not self._reads_whole(units, texts, order, []):
-                order, rag = list(range(len(units))), -1
+        order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, rag, rag_kept)
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
         stable_hashes = "".join(map(hashes.__getitem__, stable_idx))
@@ -448,6 +435,56 @@ class PolicyShaper:
             result.late_at = _late_at(messages, at)
         result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
+
+    def _placed(
+        self,
+        units: list[Unit],
+        lines: list[str],
+        texts: list[str],
+        moving: list[bool],
+        late: list[bool],
+        rag: int,
+        rag_kept: int,
+    ) -> _Placed:
+        """Where the units go: the order of those staying in the head, those going to its end
+        (``end_idx``) and into a message of their own (``late_idx``), the retrieval block's
+        index (-1: it stays where it is) and per unit whether it moves, after the checks that
+        no unit reads as part of another. What it reads of the lines depends on their shapes
+        alone, as :meth:`_reads_whole`'s: it is memoized by the segmentation (shared by every
+        text of the same line shapes) and the verdicts, so a template's next request with the
+        same verdicts reuses it (the lists given out are the memo's: not to be changed)."""
+        memo_key = (id(units), bytes(moving), bytes(late), rag, rag_kept)
+        memo = self._placements.get(memo_key)
+        if memo is not None and memo[0] is units:
+            return memo[1]
+        moving = list(moving)  # _place changes it
+        late_idx = list(compress(range(len(units)), late))
+        if _chain_joins(units, lines, late_idx):
+            late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
+            late_idx = []
+        end = list(moving)
+        for i in late_idx:
+            end[i] = False
+        order, rag = _place(units, lines, moving, end, rag)
+        end_idx = list(compress(range(len(units)), end))
+        late_idx = list(compress(range(len(units)), late))
+        if (end_idx or late_idx or rag >= 0) and not self._reads_whole(
+            units, texts, (*order, *end_idx), late_idx
+        ):
+            # Side by side in their new places, some units would read as one (an unclosed tag
+            # swallowing an element, two lines joining into a sentence): only the retrieval
+            # block moves, if it alone can (what a second pass would do: the volatile units
+            # then keep the place they had), or nothing.
+            moving = [False] * len(units)
+            end_idx, late_idx = [], []
+            order, rag = _place(units, lines, moving, list(moving), rag_kept)
+            if rag < 0 or not self._reads_whole(units, texts, order, []):
+                order, rag = list(range(len(units))), -1
+        placed = (order, end_idx, late_idx, rag, moving)
+        if len(self._placements) > 1024:
+            self._placements.clear()
+        self._placements[memo_key] = (units, placed)
+        return placed
 
     def _moves(
         self,
@@ -643,6 +680,14 @@ def _last_user_index(messages: list[Any]) -> int:
         if isinstance(message, dict) and message.get("role") == "user":
             return i
     return -1
+
+
+def _index(items: list[str], item: str, start: int) -> int:
+    """Where ``item`` is in ``items`` from ``start`` on (-1: nowhere)."""
+    try:
+        return items.index(item, start)
+    except ValueError:
+        return -1
 
 
 def _has_hash(joined: str, h: str) -> bool:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import le
 
 import structlog
 from redis.asyncio import Redis
@@ -68,8 +71,11 @@ class StabilityModel:
         counts = self._templates.get(template)
         if counts is None or counts.n < min_requests:
             return [None] * len(hashes)
-        need = stable_share * counts.n
-        return [counts.lines.get(h, 0) >= need for h in hashes]
+        # Counts are whole: count >= share * n is count >= its ceiling, compared at C speed
+        # (no Python frame per line).
+        need = math.ceil(stable_share * counts.n)
+        verdicts: list[bool | None] = list(map(le, repeat(need), map(counts.lines.get, hashes, repeat(0))))
+        return verdicts
 
     def observe(self, template: str, hashes: list[str], writer: StatsWriter | None) -> None:
         """Count one request of ``template`` carrying these lines."""
