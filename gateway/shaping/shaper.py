@@ -135,6 +135,20 @@ class _Layout:
     stable: str
 
 
+@dataclass(frozen=True, slots=True)
+class _ShapedTools:
+    """A request's tools as shaping leaves them (see :meth:`PolicyShaper._shaped_tools`)."""
+
+    names: str
+    """Their names, sorted, comma-separated: part of the template's name."""
+    tools: tuple[Any, ...]
+    """In canonical form, in the policy's order (shared by the requests that carry them)."""
+    sorted: bool
+    """Whether sorting changed their order."""
+    json: bytes
+    """Their JSON with sorted keys (for the prefix hash and its token count)."""
+
+
 _Placed = tuple[list[int], list[int], list[int], int, list[bool]]
 """What :meth:`PolicyShaper._placed` decides: (order, end_idx, late_idx, rag, moving)."""
 
@@ -192,6 +206,7 @@ class PolicyShaper:
         self.placements = placements if placements is not None else Placements.everywhere(policy.placement)
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
+        self._tools_memo: dict[bytes, _ShapedTools] = {}
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
@@ -213,6 +228,24 @@ class PolicyShaper:
             self._canonical_memo[raw] = found
         return found
 
+    def _shaped_tools(self, tools: list[Any]) -> _ShapedTools:
+        """A tool list in canonical form, sorted as the policy asks, with its names and JSON
+        (memoized by its bytes: a template's requests carry the same tools)."""
+        raw = orjson.dumps(tools)
+        found = self._tools_memo.get(raw)
+        if found is not None:
+            return found
+        names = ",".join(sorted(_tool_name(t) for t in tools))
+        out = [self._canonical(tool) for tool in tools]
+        ordered = sorted(out, key=_tool_name) if self.policy.sort_tools and out else out
+        found = _ShapedTools(
+            names, tuple(ordered), ordered != out, orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
+        )
+        if len(self._tools_memo) > 1024:
+            self._tools_memo.clear()
+        self._tools_memo[raw] = found
+        return found
+
     def shape(
         self,
         body: dict[str, Any],
@@ -232,8 +265,16 @@ class PolicyShaper:
         if not isinstance(messages, list):
             return result
         tools = body.get("tools")
-        # Sorted: a template does not change with the order its tools come in.
-        tool_names = ",".join(sorted(_tool_name(t) for t in tools)) if isinstance(tools, list) else ""
+        shaped_tools = (
+            self._shaped_tools(tools)
+            if policy.enabled and policy.canonical_json and isinstance(tools, list)
+            else None
+        )
+        if shaped_tools is not None:
+            tool_names = shaped_tools.names
+        else:
+            # Sorted: a template does not change with the order its tools come in.
+            tool_names = ",".join(sorted(_tool_name(t) for t in tools)) if isinstance(tools, list) else ""
         head = messages[0] if messages and isinstance(messages[0], dict) else None
         if (
             head is None
@@ -250,7 +291,11 @@ class PolicyShaper:
                 )
             self._signature(body, result)
             return result
-        if isinstance(tools, list) and tools:
+        if shaped_tools is not None:
+            if shaped_tools.tools:
+                body["tools"] = tools = list(shaped_tools.tools)
+                result.tools_sorted = shaped_tools.sorted
+        elif isinstance(tools, list) and tools:
             if policy.canonical_json:
                 body["tools"] = tools = [self._canonical(tool) for tool in tools]
             if policy.sort_tools:
@@ -269,7 +314,10 @@ class PolicyShaper:
             stable_head = self._shape_head(
                 messages, head, tool_names, result, stability, writer, template, at
             )
-        tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
+        if shaped_tools is not None:
+            tools_json = shaped_tools.json
+        else:
+            tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
         result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
         self._signature(body, result)
