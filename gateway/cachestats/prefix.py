@@ -129,11 +129,19 @@ class _Recent:
         for entry_seed, old, old_chain in self._entries:
             if entry_seed != seed or len(old) < CHECKPOINT_BYTES or not old.startswith(head):
                 continue
-            common = _common_steps(text, old) * CHECKPOINT_BYTES
-            if common > best_common:
-                best, best_common = old_chain, common
             probed += 1
-            if probed == self.PROBED or common == whole:
+            # Measured only if it starts like this prompt for longer than the best so far (one
+            # memory compare says whether): the recent prompts of a template mostly share
+            # just as much, and measuring each would compare the prompt a few times over.
+            beat = best_common + CHECKPOINT_BYTES
+            if best is None or (beat <= len(old) and text.startswith(memoryview(old)[:beat])):
+                common = _common_steps(text, old, (best_common // CHECKPOINT_BYTES) + (best is not None))
+                common *= CHECKPOINT_BYTES
+                if common > best_common:
+                    best, best_common = old_chain, common
+                if common == whole:
+                    break
+            if probed == self.PROBED:
                 break
         chain = PrefixChain(text, seed, best, best_common)
         if len(text) <= self.KEPT_MAX_BYTES:
@@ -143,19 +151,30 @@ class _Recent:
         return chain
 
 
-def _common_steps(text: bytes, old: bytes) -> int:
-    """How many whole checkpoint steps ``text`` and ``old`` share from the start (a binary
-    search over ``startswith``: a memory compare per probe, no copy)."""
+def _common_steps(text: bytes, old: bytes, at_least: int = 0) -> int:
+    """How many whole checkpoint steps ``text`` and ``old`` share from the start, knowing they
+    share ``at_least`` (a memory compare per probe, no copy). Prompts that start alike mostly
+    differ near their end: the probes go down from there by doubling gaps, then halve the
+    last gap (a few compares instead of a binary search over the whole length)."""
     view = memoryview(old)
-    low, high = 0, min(len(text), len(old)) // CHECKPOINT_BYTES
-    if text.startswith(view[: high * CHECKPOINT_BYTES]):
-        return high  # a repeat, or this prompt continues that one
-    while low < high:
-        mid = (low + high + 1) // 2
+    top = min(len(text), len(old)) // CHECKPOINT_BYTES
+    if text.startswith(view[: top * CHECKPOINT_BYTES]):
+        return top  # a repeat, or this prompt continues that one
+    low, high = at_least, top  # they share low steps, not high
+    gap = 1
+    while high - gap > low:
+        probe = high - gap
+        if text.startswith(view[: probe * CHECKPOINT_BYTES]):
+            low = probe
+            break
+        high = probe
+        gap *= 2
+    while high - low > 1:
+        mid = (low + high) // 2
         if text.startswith(view[: mid * CHECKPOINT_BYTES]):
             low = mid
         else:
-            high = mid - 1
+            high = mid
     return low
 
 

@@ -471,7 +471,11 @@ class PolicyShaper:
             return stable_key if has_stable else b""
         before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
         result.head_stable_chars = len(before_rag.rstrip("\n"))
-        shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
+        if rag < 0 and stable_idx:
+            # ``order`` is the stable units: the shaped text starts with the text just joined.
+            shaped = "\n".join([stable_text, *map(texts.__getitem__, end_idx)])
+        else:
+            shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
         result.moved = len(end_idx) + len(late_idx)
