@@ -15,6 +15,17 @@ from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import segment, unit_text
 
 
+def _shape_twice(shaper: PolicyShaper, original: dict[str, Any]) -> dict[str, Any]:
+    """Shape a copy of ``original``: no semantic change, and shaping it again changes nothing."""
+    body = copy.deepcopy(original)
+    shaper.shape(body)
+    assert semantic_changes(original, body) == []
+    once = copy.deepcopy(body)
+    shaper.shape(body)
+    assert body == once
+    return body
+
+
 def units_of(text: str) -> list[str]:
     lines = text.split("\n")
     return [unit_text(lines, u) for u in segment(lines)]
@@ -246,12 +257,7 @@ def test_structured_prompts_keep_their_meaning_and_shape_once(
     shaper = PolicyShaper(ShapingPolicy.model_validate(policy))
     messages = [{"role": "system", "content": system}] + [{"role": r, "content": c} for r, c in turns]
     original = {"messages": messages}
-    body = copy.deepcopy(original)
-    shaper.shape(body)
-    assert semantic_changes(original, body) == []
-    once = copy.deepcopy(body)
-    shaper.shape(body)
-    assert body == once
+    _shape_twice(shaper, original)
 
 
 def test_passages_retrieved_anew_each_turn_go_before_the_newest_user_turn_whole() -> None:
@@ -342,12 +348,7 @@ def test_a_conversation_keeps_its_meaning_and_every_request_shapes_once(
     for turn in range(4):
         system = "\n".join(pieces).replace("10:42", f"10:4{turn}").replace("Ana", f"Ana{turn % 2}")
         original = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
-        body = copy.deepcopy(original)
-        shaper.shape(body)
-        assert semantic_changes(original, body) == []
-        once = copy.deepcopy(body)
-        shaper.shape(body)
-        assert body == once
+        _shape_twice(shaper, original)
         if agent:
             call = {"id": f"c{turn}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
             history += [
