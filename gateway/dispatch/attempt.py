@@ -195,6 +195,21 @@ def _hints(ctx: RequestContext) -> CacheHints | None:
     )
 
 
+async def attempt_once(
+    ctx: RequestContext,
+    pool: UpstreamPool,
+    name: str,
+    timeouts: Timeouts,
+    endpoint: str,
+    body: dict[str, Any],
+) -> UnaryResult:
+    """One non-stream attempt on deployment ``name`` outside dispatch (no retry, no
+    fallback), bounded by ``timeouts.total_s`` from now: the shadow sample's and the judge's call."""
+    total_s = timeouts.total_s
+    deadline = None if total_s is None else asyncio.get_running_loop().time() + total_s
+    return await unary_attempt(ctx, pool, pool.acquire(name), timeouts, endpoint, body, deadline)
+
+
 async def unary_attempt(
     ctx: RequestContext,
     pool: UpstreamPool,

@@ -33,7 +33,7 @@ import orjson
 
 from gateway.config import PolicySnapshot
 from gateway.context import RequestContext
-from gateway.dispatch.attempt import unary_attempt
+from gateway.dispatch.attempt import attempt_once
 from gateway.errors import SwitchyardError
 from gateway.policy import Policy
 from gateway.providers.pool import UpstreamPool
@@ -243,13 +243,8 @@ async def _ask(
         request_id=f"judge-{pair.get('id')}", endpoint="/v1/chat/completions", snapshot=snapshot
     )
     ctx.requested_model = name
-    timeouts = snapshot.timeouts(name)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeouts.total_s if timeouts.total_s is not None else None
     try:
-        result = await unary_attempt(
-            ctx, pool, pool.acquire(name), timeouts, "/chat/completions", body, deadline
-        )
+        result = await attempt_once(ctx, pool, name, snapshot.timeouts(name), "/chat/completions", body)
     except (SwitchyardError, OSError) as exc:
         tally.failed += 1
         print(f"# {pair.get('id')}: the judge call failed: {exc}", file=sys.stderr)

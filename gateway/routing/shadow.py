@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 from gateway.cachestats.cost import NANO_USD, cost_nano_usd
 from gateway.config import PolicySnapshot
 from gateway.context import RequestContext
-from gateway.dispatch.attempt import unary_attempt
+from gateway.dispatch.attempt import attempt_once
 from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import SwitchyardError
 from gateway.providers.pool import UpstreamPool
@@ -261,13 +261,9 @@ class ShadowSampler:
             deployment=name,
             shape=shape,
         )
-        timeouts = snapshot.timeouts(name, other)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeouts.total_s if timeouts.total_s is not None else None
         try:
-            upstream = self._pool.acquire(name)
-            result = await unary_attempt(
-                ctx, self._pool, upstream, timeouts, "/chat/completions", body, deadline
+            result = await attempt_once(
+                ctx, self._pool, name, snapshot.timeouts(name, other), "/chat/completions", body
             )
         except (SwitchyardError, KeyError, OSError) as exc:
             self._count("failed")
