@@ -170,12 +170,13 @@ class GatewayProcess:
         return code
 
 
-def sim_policy(sim_base_url: str, extra: str = "") -> str:
-    """A policy with sim-fast and sim-strong on one simulator, one tier each."""
+def sim_policy(sim_base_url: str, extra: str = "", *, provider: str = "vllm") -> str:
+    """A policy with sim-fast and sim-strong on one simulator, one tier each (``provider``
+    decides the wire format and where shaping may place volatile content)."""
     return f"""
 deployments:
-  sim-fast: {{provider: vllm, base_url: "{sim_base_url}"}}
-  sim-strong: {{provider: vllm, base_url: "{sim_base_url}"}}
+  sim-fast: {{provider: {provider}, base_url: "{sim_base_url}"}}
+  sim-strong: {{provider: {provider}, base_url: "{sim_base_url}"}}
 tiers:
   fast: [sim-fast]
   strong: [sim-strong]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,30 +16,14 @@ import redis
 
 from gateway.cli import main
 from gateway.routing.shadow import PAIRS_KEY
-from tests.helpers import GatewayProcess, SimServer, http_json
+from tests.helpers import GatewayProcess, SimServer, http_json, sim_policy
 from tests.integration.telemetry.test_metrics import scrape, value
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimServer]:
-    with SimServer("--model", "sim-fast:5:1", "--model", "sim-strong:5:1") as server:
-        yield server
 
 
 def policy(sim: SimServer, extra: str) -> str:
     # reasoning_cues decides: "Prove ... why" goes strong, "Hello" fast.
-    return f"""
-deployments:
-  sim-fast: {{base_url: "{sim.base_url}"}}
-  sim-strong: {{base_url: "{sim.base_url}"}}
-tiers:
-  fast: [sim-fast]
-  strong: [sim-strong]
-routing:
-  classifier: {{name: linear, bias: -2.0, weights: {{reasoning_cues: 10.0}}}}
-  threshold: 0.5
-{extra}
-"""
+    routing = "routing:\n  classifier: {name: linear, bias: -2.0, weights: {reasoning_cues: 10.0}}\n"
+    return sim_policy(sim.base_url, f"{routing}  threshold: 0.5\n{extra}", provider="openai")
 
 
 SHADOW_ALL = "  shadow: {share: 1.0, max_per_minute: 100}\n"

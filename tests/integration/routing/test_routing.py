@@ -5,32 +5,16 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.helpers import GatewayProcess, SimServer
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimServer]:
-    with SimServer("--model", "sim-fast:5:1", "--model", "sim-strong:5:1") as server:
-        yield server
+from tests.helpers import GatewayProcess, SimServer, sim_policy
 
 
 def policy(sim: SimServer, routing: str) -> str:
-    return f"""
-deployments:
-  sim-fast: {{base_url: "{sim.base_url}"}}
-  sim-strong: {{base_url: "{sim.base_url}"}}
-tiers:
-  fast: [sim-fast]
-  strong: [sim-strong]
-routing:
-{routing}
-"""
+    return sim_policy(sim.base_url, f"routing:\n{routing}", provider="openai")
 
 
 ROUTING = """  rules:
