@@ -53,6 +53,9 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
+_STABLE_KEPT = 256  # templates whose last stable head is kept
+_STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)
+_PREFIX_HASHES_KEPT = 256
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -215,6 +218,11 @@ class PolicyShaper:
         self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
         self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
         self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
+        # Per template, its last head's stable units (their strings) and what they join to.
+        self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
+        # The prefix hash of the last few (tools JSON, stable head) pairs: a template's requests
+        # repeat theirs, as the very same bytes objects (memoized above), hashes cached.
+        self._prefix_hashes: dict[tuple[bytes, bytes], str] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -319,9 +327,20 @@ class PolicyShaper:
         else:
             tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
-        result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
+        result.prefix_hash = self._prefix_hash(tools_json, stable_head)
         self._signature(body, result)
         return result
+
+    def _prefix_hash(self, tools_json: bytes, stable_head: bytes) -> str:
+        """The hash of the tools and the stable head (memoized: a template's requests repeat it)."""
+        key = (tools_json, stable_head)
+        found = self._prefix_hashes.get(key)
+        if found is None:
+            found = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
+            if len(self._prefix_hashes) >= _PREFIX_HASHES_KEPT:
+                del self._prefix_hashes[next(iter(self._prefix_hashes))]  # the oldest
+            self._prefix_hashes[key] = found
+        return found
 
     def _shape_head(
         self,
@@ -425,11 +444,9 @@ class PolicyShaper:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
             # model learns must not change the prefix of a conversation under way.
             moved, stable_before = previous.moved, previous.stable
-            for h in moved:  # a few hashes: their units found by index, at C speed
-                i = _index(hashes, h, 0)
-                while i >= 0:
+            if moved:  # the units carrying a hash that moved: one C-speed pass
+                for i in compress(range(len(hashes)), map(moved.__contains__, hashes)):
                     moving[i] = True
-                    i = _index(hashes, h, i + 1)
             for i in list(compress(range(len(moving)), moving)):  # the few moving units
                 h = hashes[i]
                 if h not in moved and _has_hash(stable_before, h):
@@ -455,14 +472,12 @@ class PolicyShaper:
         order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, rag, rag_kept)
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
-        stable_hashes = "".join(map(hashes.__getitem__, stable_idx))
-        stable_key = stable_hashes.encode()
+        stable = self._stable(result.template, stable_idx, texts, hashes)
+        stable_text, stable_hashes, stable_key, has_stable = stable
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
             self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
-        has_stable = any(texts[i].strip() for i in stable_idx)
-        stable_text = "\n".join(map(texts.__getitem__, stable_idx))
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
@@ -487,6 +502,32 @@ class PolicyShaper:
             result.late_at = _late_at(messages, at)
         result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
+
+    def _stable(
+        self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
+    ) -> tuple[str, str, bytes, bool]:
+        """The stable units' text (joined by lines), their hashes (concatenated, and as bytes)
+        and whether any of them is not blank. A template's requests mostly keep the same units
+        in the head (what changed moved out): the last answer per template is kept and
+        reused when the units are the very same strings (an identity compare per unit, no
+        join over the whole head)."""
+        unit_texts = list(map(texts.__getitem__, stable_idx))
+        unit_hashes = list(map(hashes.__getitem__, stable_idx))
+        memo = self._stable_memo.get(template)
+        if memo is not None and memo[0] == unit_texts and memo[1] == unit_hashes:
+            return memo[2]
+        stable_hashes = "".join(unit_hashes)
+        found = (
+            "\n".join(unit_texts),
+            stable_hashes,
+            stable_hashes.encode(),
+            any(text.strip() for text in unit_texts),
+        )
+        if len(found[0]) <= _STABLE_MAX_CHARS:
+            if len(self._stable_memo) >= _STABLE_KEPT:
+                del self._stable_memo[next(iter(self._stable_memo))]  # the oldest
+            self._stable_memo[template] = (unit_texts, unit_hashes, found)
+        return found
 
     def _placed(
         self,
@@ -732,14 +773,6 @@ def _last_user_index(messages: list[Any]) -> int:
         if isinstance(message, dict) and message.get("role") == "user":
             return i
     return -1
-
-
-def _index(items: list[str], item: str, start: int) -> int:
-    """Where ``item`` is in ``items`` from ``start`` on (-1: nowhere)."""
-    try:
-        return items.index(item, start)
-    except ValueError:
-        return -1
 
 
 def _has_hash(joined: str, h: str) -> bool:
