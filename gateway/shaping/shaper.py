@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import not_
+from operator import ne, not_
 from typing import Any
 
 import orjson
@@ -220,6 +220,10 @@ class PolicyShaper:
         self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
         # Per template, its last head's stable units (their strings) and what they join to.
         self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
+        # Per template, the last head signed: its text, lines, segment per line and segments.
+        self._signed_heads: dict[
+            str, tuple[str, list[str], list[tuple[str, str, str] | None], list[tuple[str, str, str]]]
+        ] = {}
         # The prefix hash of the last few (tools JSON, stable head) pairs: a template's requests
         # repeat theirs, as the very same bytes objects (memoized above), hashes cached.
         self._prefix_hashes: dict[tuple[bytes, bytes], str] = {}
@@ -712,16 +716,18 @@ class PolicyShaper:
                 continue
             role = str(message.get("role", ""))
             content = message.get("content")
-            if i == 0 and role in _HEAD_ROLES and isinstance(content, (str, list)):
-                unit = "line" if isinstance(content, str) else "part"
-                pieces = content.split("\n") if isinstance(content, str) else content
-                for n, piece in enumerate(pieces):
-                    text = piece if isinstance(piece, str) else _part_text(piece)
+            if i == 0 and role in _HEAD_ROLES and isinstance(content, str):
+                segments += self._head_signature(result.template, content)
+                continue
+            if i == 0 and role in _HEAD_ROLES and isinstance(content, list):
+                for n, piece in enumerate(content):
+                    text = _part_text(piece)
                     if text is None:
-                        segments.append((f"system {unit} {n + 1}", _short(orjson.dumps(piece)), ""))
-                    elif text.strip():
-                        _, masked, h = self.detectors.line(text)
-                        segments.append((f"system {unit} {n + 1}", h, masked[:80] if previews else ""))
+                        segments.append((f"system part {n + 1}", _short(orjson.dumps(piece)), ""))
+                    else:
+                        segment = self._line_segment("part", n, text)
+                        if segment is not None:
+                            segments.append(segment)
                 continue
             data = orjson.dumps(content)
             preview = (
@@ -730,6 +736,35 @@ class PolicyShaper:
                 else ""
             )
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
+
+    def _line_segment(self, unit: str, n: int, text: str) -> tuple[str, str, str] | None:
+        """The segment of the head's line (or text part) ``n``; None for a blank one."""
+        if not text.strip():
+            return None
+        _, masked, h = self.detectors.line(text)
+        return (f"system {unit} {n + 1}", h, masked[:80] if self.policy.report_previews else "")
+
+    def _head_signature(self, template: str, content: str) -> list[tuple[str, str, str]]:
+        """The segments of a string head, line by line. The last one signed per template is
+        kept: a repeat costs a compare, and a head with the same number of lines costs the
+        lines that differ (a shaped head mostly repeats: what varies moved out of it)."""
+        memo = self._signed_heads.get(template)
+        if memo is not None and memo[0] == content:
+            return memo[3]
+        lines = content.split("\n")
+        line_segment = self._line_segment
+        if memo is not None and len(memo[1]) == len(lines):
+            per_line = list(memo[2])
+            for n in compress(range(len(lines)), map(ne, lines, memo[1])):
+                per_line[n] = line_segment("line", n, lines[n])
+        else:
+            per_line = [line_segment("line", n, line) for n, line in enumerate(lines)]
+        found = list(filter(None, per_line))
+        if len(content) <= _STABLE_MAX_CHARS:
+            if len(self._signed_heads) >= _STABLE_KEPT:
+                del self._signed_heads[next(iter(self._signed_heads))]  # the oldest
+            self._signed_heads[template] = (content, lines, per_line, found)
+        return found
 
 
 def _late_at(messages: list[Any], at: int) -> str:
