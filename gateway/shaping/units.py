@@ -62,26 +62,35 @@ def line_kind(line: str) -> int:
     stripped = line.strip()
     if not stripped:
         kind = BLANK
+    elif stripped[0].isalpha():
+        # A line starting with a letter is no heading, divider or list item: the three
+        # patterns need a mark or a digit first (a new line of a template costs less).
+        kind = _plain_kind(line, stripped)
     elif _HEADING.match(line):
         kind = HEADING
     elif _BREAK.match(line):
         kind = BREAK
     elif _ITEM.match(line):
         kind = ITEM
-    elif line[0] in " \t":
-        kind = INDENT
-    elif stripped[0] == "|":
-        kind = TABLE
-    elif stripped.endswith(":"):
-        kind = LEAD_IN
-    elif len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
-        kind = KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
     else:
-        kind = TEXT
+        kind = _plain_kind(line, stripped)
     if len(_kinds) > 50_000:
         _kinds.clear()
     _kinds[line] = kind
     return kind
+
+
+def _plain_kind(line: str, stripped: str) -> int:
+    """:func:`line_kind` of a line that is not blank, a heading, a divider or a list item."""
+    if line[0] in " \t":
+        return INDENT
+    if stripped[0] == "|":
+        return TABLE
+    if stripped.endswith(":"):
+        return LEAD_IN
+    if len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
+        return KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
+    return TEXT
 
 
 def level(heading: str) -> int:
@@ -223,7 +232,10 @@ def _shape_id(line: str) -> int:
     if "<" in line or "`" in line or "~" in line:
         shape = -next(_own_shapes)
     else:
-        key = (line_kind(line), line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), level(line))
+        kind = line_kind(line)
+        # Only a heading has a level (the same pattern decides both).
+        depth = level(line) if kind == HEADING else 0
+        key = (kind, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), depth)
         shape = _plain_shapes.setdefault(key, len(_plain_shapes))
     if len(_shape_ids) > 50_000:
         _shape_ids.clear()

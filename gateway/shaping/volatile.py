@@ -58,6 +58,15 @@ _FIRES_ORDER: tuple[Detector, ...] = (
     "iso_date", "time", "epoch", "uuid", "hex_id", "request_id", "base64_id", "written_date", "weekday",
 )  # fmt: skip
 _GATE = re.compile(r"[\d-]|(?i:day)")
+# What a detector cannot match without (a substring, or for ``weekday`` its word ending): a
+# line without it skips the detector's search (a line new to a template costs less).
+_NEEDS: dict[Detector, tuple[str, ...] | re.Pattern[str]] = {
+    "iso_date": ("-", "/"),
+    "time": (":",),
+    "uuid": ("-",),
+    "request_id": ("_", "-"),
+    "weekday": re.compile(r"(?i:day)"),
+}
 
 
 class Detectors:
@@ -72,7 +81,7 @@ class Detectors:
         # For :meth:`fires`: each detector alone (the likeliest first), each stopping at its
         # first match, instead of the alternation tried at every position.
         order = [d for d in _FIRES_ORDER if d in detectors]
-        self._singles = [re.compile(PATTERNS[d]) for d in order]
+        self._singles = [(_NEEDS.get(d), re.compile(PATTERNS[d])) for d in order]
         self._extra = [re.compile(f"(?i:{x})") for x in extra]
         self._fired: dict[str, bool] = {}
 
@@ -86,12 +95,25 @@ class Detectors:
         if fired is None:
             # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
             fired = any(p.search(text) for p in self._extra) or (
-                _GATE.search(text) is not None and any(p.search(text) for p in self._singles)
+                _GATE.search(text) is not None and self._single_fires(text)
             )
             if len(self._fired) >= self._memo_size:
                 del self._fired[next(iter(self._fired))]
             self._fired[text] = fired
         return fired
+
+    def _single_fires(self, text: str) -> bool:
+        """Whether one of the built-in detectors matches in ``text`` (skipping those it cannot)."""
+        for needs, pattern in self._singles:
+            if needs is not None:
+                if isinstance(needs, tuple):
+                    if not any(needed in text for needed in needs):
+                        continue
+                elif needs.search(text) is None:
+                    continue
+            if pattern.search(text):
+                return True
+        return False
 
     def line(self, text: str) -> tuple[bool, str, str]:
         """``(volatile, masked, hash)`` for one line: whether a detector fires, the line with
