@@ -22,13 +22,13 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import ne, not_
+from operator import is_not, ne, not_
 from typing import Any
 
 import orjson
 
 from gateway.shaping.canonical import canonical_wrapper
-from gateway.shaping.heads import HeadReader
+from gateway.shaping.heads import Head, HeadReader
 from gateway.shaping.placement import Placements
 from gateway.shaping.policy import Placement, ShapingPolicy
 from gateway.shaping.stability import StabilityModel
@@ -53,6 +53,8 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
+_REPLAYS_KEPT = 1024  # conversations whose last request's head is kept
+_REPLAY_MAX_CHANGED = 16  # more units changed than this: decide afresh
 _STABLE_KEPT = 256  # templates whose last stable head is kept
 _STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)
 _PREFIX_HASHES_KEPT = 256
@@ -152,6 +154,18 @@ class _ShapedTools:
     """Their JSON with sorted keys (for the prefix hash and its token count)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    """A conversation's last request's head as :meth:`PolicyShaper._replayed` reads it: the
+    layout it left, its units' hashes and which of them moved."""
+
+    layout: _Layout
+    hashes: list[str]
+    moving: list[bool]
+    clean: bool
+    """No hash both moved and stayed (then a hash says where its unit was)."""
+
+
 _Placed = tuple[list[int], list[int], list[int], int, list[bool]]
 """What :meth:`PolicyShaper._placed` decides: (order, end_idx, late_idx, rag, moving)."""
 
@@ -218,6 +232,8 @@ class PolicyShaper:
         self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
         self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
         self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
+        # Per conversation, its last request's head (read against it, see _replayed).
+        self._replays: dict[str, _Replay] = {}
         # Per template, its last head's stable units (their strings) and what they join to.
         self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
         # Per template, the last head signed: its text, lines, segment per line and segments.
@@ -440,10 +456,71 @@ class PolicyShaper:
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         read = self._reader.read(content, tool_names)
-        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
+        lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         result.template = template or skeleton
-        moving = self._moving(result.template, texts, detected, hashes, stability, writer)
         key, previous = self._layout(messages, result.template)
+        replayed = (
+            self._replayed(key, previous, result.template, read, stability, writer, messages, at)
+            if previous is not None and rag < 0 and not ambiguous and not rag_blocks
+            else None
+        )
+        if replayed is not None:
+            moving, late = replayed
+            order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, -1, -1)
+        else:
+            order, end_idx, late_idx, rag, moving = self._decided(
+                read, result.template, key, previous, stability, writer, messages, at
+            )
+        # The units that stay, in their order (``order`` is exactly those, and the block).
+        stable_idx = order if rag < 0 else [i for i in order if i != rag]
+        stable = self._stable(result.template, stable_idx, texts, hashes)
+        stable_text, stable_hashes, stable_key, has_stable = stable
+        if key:
+            # The retrieval block, wherever it stays, is known by its element lines.
+            kept_rag = read.rag >= 0 and not moving[read.rag]
+            layout = self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
+            if read.rag < 0 and not ambiguous and not rag_blocks:
+                self._keep_replay(key, layout, hashes, moving, stable_idx)
+        result.stable_prefix_tokens = len(stable_text) // 4
+        if not has_stable or (not end_idx and not late_idx and rag < 0):
+            # Nothing volatile, or nothing but: either way nothing to gain by moving.
+            if has_stable:
+                result.head_stable_chars = len(content)
+            return stable_key if has_stable else b""
+        before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
+        result.head_stable_chars = len(before_rag.rstrip("\n"))
+        if rag < 0 and stable_idx:
+            # ``order`` is the stable units: the shaped text starts with the text just joined.
+            shaped = "\n".join([stable_text, *map(texts.__getitem__, end_idx)])
+        else:
+            shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
+        if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
+            return stable_key
+        result.moved = len(end_idx) + len(late_idx)
+        result.moved_before_user = len(late_idx)
+        result.rag_moved = rag >= 0 and order != sorted(order)
+        head["content"] = shaped
+        if late_idx:
+            messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
+            result.late_at = _late_at(messages, at)
+        result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
+        return stable_key
+
+    def _decided(
+        self,
+        read: Head,
+        template: str,
+        key: str,
+        previous: _Layout | None,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        messages: list[Any],
+        at: int,
+    ) -> _Placed:
+        """Where each unit of the head goes (see :meth:`_placed`): its verdict, the layout the
+        conversation had, the retrieval block and the placement."""
+        lines, units, texts, detected, hashes, rag, rag_hash, _, ambiguous, rag_blocks = read
+        moving = self._moving(template, texts, detected, hashes, stability, writer)
         if previous is not None:
             # Within a conversation a unit keeps the place it had: a verdict that changes as the
             # model learns must not change the prefix of a conversation under way.
@@ -473,39 +550,79 @@ class PolicyShaper:
                 # any content that changes within the conversation (the history stays cached).
                 moving[rag], rag = True, -1
         late = self._late(messages, at, previous, hashes, moving, detected)
-        order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, rag, rag_kept)
-        # The units that stay, in their order (``order`` is exactly those, and the block).
-        stable_idx = order if rag < 0 else [i for i in order if i != rag]
-        stable = self._stable(result.template, stable_idx, texts, hashes)
-        stable_text, stable_hashes, stable_key, has_stable = stable
-        if key:
-            # The retrieval block, wherever it stays, is known by its element lines.
-            kept_rag = read.rag >= 0 and not moving[read.rag]
-            self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
-        result.stable_prefix_tokens = len(stable_text) // 4
-        if not has_stable or (not end_idx and not late_idx and rag < 0):
-            # Nothing volatile, or nothing but: either way nothing to gain by moving.
-            if has_stable:
-                result.head_stable_chars = len(content)
-            return stable_key if has_stable else b""
-        before_rag = "\n".join([texts[i] for i in order[: order.index(rag)]]) if rag >= 0 else stable_text
-        result.head_stable_chars = len(before_rag.rstrip("\n"))
-        if rag < 0 and stable_idx:
-            # ``order`` is the stable units: the shaped text starts with the text just joined.
-            shaped = "\n".join([stable_text, *map(texts.__getitem__, end_idx)])
-        else:
-            shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
-        if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
-            return stable_key
-        result.moved = len(end_idx) + len(late_idx)
-        result.moved_before_user = len(late_idx)
-        result.rag_moved = rag >= 0 and order != sorted(order)
-        head["content"] = shaped
-        if late_idx:
-            messages.insert(at, {"role": head["role"], "content": "\n".join(texts[i] for i in late_idx)})
-            result.late_at = _late_at(messages, at)
-        result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
-        return stable_key
+        return self._placed(units, lines, texts, moving, late, rag, rag_kept)
+
+    def _replayed(
+        self,
+        key: str,
+        previous: _Layout,
+        template: str,
+        read: Head,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        messages: list[Any],
+        at: int,
+    ) -> tuple[list[bool], list[bool]] | None:
+        """What :meth:`_decided` would find moving and late, at the cost of what changed since
+        the conversation's previous request (None: decide afresh).
+
+        Within a conversation a unit whose hash the previous request had keeps the place it
+        had there, whatever its verdict: it moved (its hash is in the layout's moved set) and
+        moves again, to the end of the system message, or it stayed (its hash is in the
+        stable part) and stays. So only the units whose hash is new (by identity: a head read
+        against the last one shares the strings of the units it did not read again) are
+        decided; the others are the previous request's. This holds when no hash both moved
+        and stayed there (``clean``) and the head has no retrieval block, nesting or
+        ambiguity (checked by the caller)."""
+        replay = self._replays.get(key)
+        hashes = read.hashes
+        if (
+            replay is None
+            or replay.layout is not previous
+            or not replay.clean
+            or len(replay.hashes) != len(hashes)
+        ):
+            return None
+        changed = list(compress(range(len(hashes)), map(is_not, hashes, replay.hashes)))
+        if len(changed) > _REPLAY_MAX_CHANGED:
+            return None
+        policy = self.policy
+        learned: list[bool | None] | None = None
+        if stability is not None and policy.learn:
+            new = [hashes[i] for i in changed]
+            learned = stability.verdicts(template, new, policy.learn_min_requests, policy.stable_share)
+            stability.observe(template, hashes, writer)
+            if learned and learned[0] is None:  # not known yet: the detectors decide
+                learned = None
+        moving = list(replay.moving)
+        late = [False] * len(hashes)
+        moved, stable_before = previous.moved, previous.stable
+        # Per-request content goes late only after an answer (see :meth:`_late`).
+        late_ok = at >= 0 and _has_history(messages, at)
+        texts, detected = read.texts, read.detected
+        for n, i in enumerate(changed):
+            h = hashes[i]
+            verdict = learned[n] if learned is not None else None
+            # As _moving decides: the detectors until the counts are known, else the counts
+            # (a blank unit carries nothing that varies).
+            unit_moves = detected[i] if verdict is None else not verdict and bool(texts[i].strip())
+            if h in moved:
+                unit_moves = True
+            elif unit_moves and _has_hash(stable_before, h):
+                unit_moves = False
+            moving[i] = unit_moves
+            late[i] = unit_moves and late_ok and h not in moved
+        return moving, late
+
+    def _keep_replay(
+        self, key: str, layout: _Layout, hashes: list[str], moving: list[bool], stable_idx: list[int]
+    ) -> None:
+        """Keep what :meth:`_replayed` needs for the conversation's next request."""
+        replays = self._replays
+        clean = layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
+        if key not in replays and len(replays) >= _REPLAYS_KEPT:
+            del replays[next(iter(replays))]  # the oldest
+        replays[key] = _Replay(layout, hashes, moving, clean)
 
     def _stable(
         self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
@@ -688,10 +805,11 @@ class PolicyShaper:
         del memo[_FIRST_USERS_KEPT:]
         return f"{template}:{h}"
 
-    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
+    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> _Layout:
         if len(self._conversations) > 5_000:
             self._conversations.clear()
-        self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+        layout = self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+        return layout
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
