@@ -221,22 +221,33 @@ def segment(lines: list[str]) -> list[Unit]:
 
 _shape_ids: dict[str, int] = {}
 _plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_digit_shapes: dict[str, int] = {}  # by the line with its digits as 0: no pattern tells them apart
 _own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
+_DIGITS = str.maketrans("123456789", "000000000")
 
 
 def _shape_id(line: str) -> int:
     """An id for everything :func:`segment` reads in ``line``: for an ordinary line its kind,
     whether it closes a clause, whether it starts in lowercase and its heading level; a line
-    that may open or close an element or a fence is its own shape."""
+    that may open or close an element or a fence is its own shape. Lines differing only in
+    their digits (a time, a count) have the same shape: found by the line with its digits
+    as ``0``, without the patterns."""
     if "<" in line or "`" in line or "~" in line:
         shape = -next(_own_shapes)
     else:
-        kind = line_kind(line)
-        # Only a heading has a level (the same pattern decides both).
-        depth = level(line) if kind == HEADING else 0
-        key = (kind, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), depth)
-        shape = _plain_shapes.setdefault(key, len(_plain_shapes))
+        digits = line.translate(_DIGITS)
+        found = _digit_shapes.get(digits)
+        if found is None:
+            kind = line_kind(line)
+            # Only a heading has a level (the same pattern decides both).
+            depth = level(line) if kind == HEADING else 0
+            key = (kind, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), depth)
+            found = _plain_shapes.setdefault(key, len(_plain_shapes))
+            if len(_digit_shapes) > 50_000:
+                _digit_shapes.clear()
+            _digit_shapes[digits] = found
+        shape = found
     if len(_shape_ids) > 50_000:
         _shape_ids.clear()
     _shape_ids[line] = shape

@@ -9,8 +9,10 @@ stable lines that every request repeats cost one dictionary lookup.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
+from typing import TypeVar
 
 from gateway.shaping.policy import Detector
 
@@ -57,6 +59,7 @@ MASK = "<*>"
 _FIRES_ORDER: tuple[Detector, ...] = (
     "iso_date", "time", "epoch", "uuid", "hex_id", "request_id", "base64_id", "written_date", "weekday",
 )  # fmt: skip
+_T = TypeVar("_T")
 _GATE = re.compile(r"[\d-]|(?i:day)")
 # What a detector cannot match without (a substring, or for ``weekday`` its word ending): a
 # line without it skips the detector's search (a line new to a template costs less).
@@ -67,6 +70,18 @@ _NEEDS: dict[Detector, tuple[str, ...] | re.Pattern[str]] = {
     "request_id": ("_", "-"),
     "weekday": re.compile(r"(?i:day)"),
 }
+
+
+# The built-in detectors tell digits apart only as these classes: ``1`` (epoch's leading
+# digit), ``5``-``9`` (epoch's second) and the rest (every other use is ``\d`` or a class
+# holding all ten). A line with its ASCII digits so reduced fires exactly where it does.
+_DIGIT_CLASSES = str.maketrans("0123456789", "0100055555")
+
+
+def _newer_half(memo: dict[str, _T]) -> dict[str, _T]:
+    """The newer half of a full memo (dropped at once: deleting the oldest entry one by one
+    makes finding the next oldest cost more with each deletion)."""
+    return dict(itertools.islice(memo.items(), len(memo) // 2, None))
 
 
 class Detectors:
@@ -83,6 +98,8 @@ class Detectors:
         order = [d for d in _FIRES_ORDER if d in detectors]
         self._singles = [(_NEEDS.get(d), re.compile(PATTERNS[d])) for d in order]
         self._extra = [re.compile(f"(?i:{x})") for x in extra]
+        # What :meth:`fires` found, by the line with its digits reduced to the classes the
+        # built-in detectors tell apart (a time or an id with other digits reads the same).
         self._fired: dict[str, bool] = {}
 
     def fires(self, text: str) -> bool:
@@ -91,15 +108,16 @@ class Detectors:
         found = self._memo.get(text)
         if found is not None:
             return found[0]
-        fired = self._fired.get(text)
+        if any(p.search(text) for p in self._extra):
+            return True  # a policy's own regex may tell any digit apart: not memoized
+        key = text.translate(_DIGIT_CLASSES)
+        fired = self._fired.get(key)
         if fired is None:
             # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
-            fired = any(p.search(text) for p in self._extra) or (
-                _GATE.search(text) is not None and self._single_fires(text)
-            )
+            fired = _GATE.search(text) is not None and self._single_fires(text)
             if len(self._fired) >= self._memo_size:
-                del self._fired[next(iter(self._fired))]
-            self._fired[text] = fired
+                self._fired = _newer_half(self._fired)
+            self._fired[key] = fired
         return fired
 
     def _single_fires(self, text: str) -> bool:
@@ -130,7 +148,7 @@ class Detectors:
             found = (hits > 0, masked, line_hash(text))
         memo[text] = found
         if len(memo) > self._memo_size:
-            del memo[next(iter(memo))]  # the oldest
+            self._memo = _newer_half(memo)
         return found
 
 
