@@ -221,10 +221,10 @@ def segment(lines: list[str]) -> list[Unit]:
 
 _shape_ids: dict[str, int] = {}
 _plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
-_digit_shapes: dict[str, int] = {}  # by the line with its digits as 0: no pattern tells them apart
+_digit_shapes: dict[bytes, int] = {}  # by the line with its digits as 0: no pattern tells them apart
 _own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
-_DIGITS = str.maketrans("123456789", "000000000")
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")  # over UTF-8: digits are ASCII bytes
 
 
 def _shape_id(line: str) -> int:
@@ -236,7 +236,7 @@ def _shape_id(line: str) -> int:
     if "<" in line or "`" in line or "~" in line:
         shape = -next(_own_shapes)
     else:
-        digits = line.translate(_DIGITS)
+        digits = line.encode("utf-8", "surrogatepass").translate(_DIGITS)
         found = _digit_shapes.get(digits)
         if found is None:
             kind = line_kind(line)

@@ -59,6 +59,7 @@ MASK = "<*>"
 _FIRES_ORDER: tuple[Detector, ...] = (
     "iso_date", "time", "epoch", "uuid", "hex_id", "request_id", "base64_id", "written_date", "weekday",
 )  # fmt: skip
+_K = TypeVar("_K")
 _T = TypeVar("_T")
 _GATE = re.compile(r"[\d-]|(?i:day)")
 # What a detector cannot match without (a substring, or for ``weekday`` its word ending): a
@@ -75,10 +76,10 @@ _NEEDS: dict[Detector, tuple[str, ...] | re.Pattern[str]] = {
 # The built-in detectors tell digits apart only as these classes: ``1`` (epoch's leading
 # digit), ``5``-``9`` (epoch's second) and the rest (every other use is ``\d`` or a class
 # holding all ten). A line with its ASCII digits so reduced fires exactly where it does.
-_DIGIT_CLASSES = str.maketrans("0123456789", "0100055555")
+_DIGIT_CLASSES = bytes.maketrans(b"0123456789", b"0100055555")  # over UTF-8: digits are ASCII bytes
 
 
-def _newer_half(memo: dict[str, _T]) -> dict[str, _T]:
+def _newer_half(memo: dict[_K, _T]) -> dict[_K, _T]:
     """The newer half of a full memo (dropped at once: deleting the oldest entry one by one
     makes finding the next oldest cost more with each deletion)."""
     return dict(itertools.islice(memo.items(), len(memo) // 2, None))
@@ -98,9 +99,11 @@ class Detectors:
         order = [d for d in _FIRES_ORDER if d in detectors]
         self._singles = [(_NEEDS.get(d), re.compile(PATTERNS[d])) for d in order]
         self._extra = [re.compile(f"(?i:{x})") for x in extra]
-        # What :meth:`fires` found, by the line with its digits reduced to the classes the
-        # built-in detectors tell apart (a time or an id with other digits reads the same).
+        # What :meth:`fires` found (for the built-in detectors), by the line and by its bytes
+        # with the digits reduced to the classes the detectors tell apart (a time or an id
+        # with other digits reads the same).
         self._fired: dict[str, bool] = {}
+        self._fired_classes: dict[bytes, bool] = {}
 
     def fires(self, text: str) -> bool:
         """Whether a detector fires in ``text`` (what :meth:`line` says first; a new line costs
@@ -108,16 +111,21 @@ class Detectors:
         found = self._memo.get(text)
         if found is not None:
             return found[0]
-        if any(p.search(text) for p in self._extra):
+        if self._extra and any(p.search(text) for p in self._extra):
             return True  # a policy's own regex may tell any digit apart: not memoized
-        key = text.translate(_DIGIT_CLASSES)
-        fired = self._fired.get(key)
+        fired = self._fired.get(text)
         if fired is None:
-            # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
-            fired = _GATE.search(text) is not None and self._single_fires(text)
+            key = text.encode("utf-8", "surrogatepass").translate(_DIGIT_CLASSES)
+            fired = self._fired_classes.get(key)
+            if fired is None:
+                # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
+                fired = _GATE.search(text) is not None and self._single_fires(text)
+                if len(self._fired_classes) >= self._memo_size:
+                    self._fired_classes = _newer_half(self._fired_classes)
+                self._fired_classes[key] = fired
             if len(self._fired) >= self._memo_size:
                 self._fired = _newer_half(self._fired)
-            self._fired[key] = fired
+            self._fired[text] = fired
         return fired
 
     def _single_fires(self, text: str) -> bool:
