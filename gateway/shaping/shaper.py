@@ -164,6 +164,10 @@ class _Replay:
     moving: list[bool]
     clean: bool
     """No hash both moved and stayed (then a hash says where its unit was)."""
+    stable_idx: list[int]
+    """The units that stayed (shared with the placement's memo: the same list, the same units)."""
+    stable: tuple[str, str, bytes, bool]
+    """Their text, hashes, hashes as bytes and whether any is not blank."""
 
 
 _Placed = tuple[list[int], list[int], list[int], int, list[bool]]
@@ -465,22 +469,28 @@ class PolicyShaper:
             else None
         )
         if replayed is not None:
-            moving, late = replayed
+            replay, changed, moving, late = replayed
             order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, -1, -1)
         else:
+            replay, changed = None, []
             order, end_idx, late_idx, rag, moving = self._decided(
                 read, result.template, key, previous, stability, writer, messages, at
             )
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
-        stable = self._stable(result.template, stable_idx, texts, hashes)
+        if replay is not None and stable_idx is replay.stable_idx and all(map(moving.__getitem__, changed)):
+            # The same units stay as in the conversation's previous request, none of them read
+            # again (every unit that changed moves): their text is the one joined then.
+            stable = replay.stable
+        else:
+            stable = self._stable(result.template, stable_idx, texts, hashes)
         stable_text, stable_hashes, stable_key, has_stable = stable
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
             layout = self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
             if read.rag < 0 and not ambiguous and not rag_blocks:
-                self._keep_replay(key, layout, hashes, moving, stable_idx)
+                self._keep_replay(key, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
@@ -562,9 +572,10 @@ class PolicyShaper:
         writer: StatsWriter | None,
         messages: list[Any],
         at: int,
-    ) -> tuple[list[bool], list[bool]] | None:
+    ) -> tuple[_Replay, list[int], list[bool], list[bool]] | None:
         """What :meth:`_decided` would find moving and late, at the cost of what changed since
-        the conversation's previous request (None: decide afresh).
+        the conversation's previous request (None: decide afresh); also that request's
+        replay and the units that changed since.
 
         Within a conversation a unit whose hash the previous request had keeps the place it
         had there, whatever its verdict: it moved (its hash is in the layout's moved set) and
@@ -612,17 +623,23 @@ class PolicyShaper:
                 unit_moves = False
             moving[i] = unit_moves
             late[i] = unit_moves and late_ok and h not in moved
-        return moving, late
+        return replay, changed, moving, late
 
     def _keep_replay(
-        self, key: str, layout: _Layout, hashes: list[str], moving: list[bool], stable_idx: list[int]
+        self,
+        key: str,
+        layout: _Layout,
+        hashes: list[str],
+        moving: list[bool],
+        stable_idx: list[int],
+        stable: tuple[str, str, bytes, bool],
     ) -> None:
         """Keep what :meth:`_replayed` needs for the conversation's next request."""
         replays = self._replays
         clean = layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
         if key not in replays and len(replays) >= _REPLAYS_KEPT:
             del replays[next(iter(replays))]  # the oldest
-        replays[key] = _Replay(layout, hashes, moving, clean)
+        replays[key] = _Replay(layout, hashes, moving, clean, stable_idx, stable)
 
     def _stable(
         self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
