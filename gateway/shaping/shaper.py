@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not, ne, not_
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -131,10 +131,10 @@ def _unit_kind(unit: Unit, lines: list[str]) -> str:
     return "list" if any(line_kind(line) == ITEM for line in lines[unit.start : unit.end]) else "lines"
 
 
-@dataclass(frozen=True, slots=True)
-class _Layout:
+class _Layout(NamedTuple):
     """A conversation's last request's head: the hashes of the units that moved, and of those
-    that stayed (concatenated, 8 characters each: a string costs less than a set)."""
+    that stayed (concatenated, 8 characters each: a string costs less than a set). A tuple:
+    one is made per request, and a frozen dataclass costs a call per field."""
 
     moved: frozenset[str]
     stable: str
@@ -154,10 +154,9 @@ class _ShapedTools:
     """Their JSON with sorted keys (for the prefix hash and its token count)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Replay:
+class _Replay(NamedTuple):
     """A conversation's last request's head as :meth:`PolicyShaper._replayed` reads it: the
-    layout it left, its units' hashes and which of them moved."""
+    layout it left, its units' hashes and which of them moved (a tuple, like :class:`_Layout`)."""
 
     layout: _Layout
     hashes: list[str]
