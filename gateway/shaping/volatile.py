@@ -149,7 +149,9 @@ class Detectors:
         found = memo.get(text)
         if found is not None:
             return found
-        if self._regex is None or not text:
+        if self._regex is None or not text or not self.fires(text):
+            # Nothing matches (:meth:`fires` says so at less cost, memoized by digit classes):
+            # the masking pass would leave the text as it is.
             found = (False, text, line_hash(text))
         else:
             masked, hits = self._regex.subn(MASK, text)
