@@ -53,11 +53,14 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
-_REPLAYS_KEPT = 1024  # conversations whose last request's head is kept
+# Conversations whose last request's head is kept (with its stable text: as many as the
+# head reader keeps heads, gateway.shaping.heads).
+_REPLAYS_KEPT = 512
 _REPLAY_MAX_CHANGED = 16  # more units changed than this: decide afresh
 _STABLE_KEPT = 256  # templates whose last stable head is kept
 _STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)
 _PREFIX_HASHES_KEPT = 256
+_SIGNED_KEPT = 64  # templates whose last signed head is kept (its lines and segments)
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -895,7 +898,7 @@ class PolicyShaper:
             per_line = [line_segment("line", n, line) for n, line in enumerate(lines)]
         found = list(filter(None, per_line))
         if len(content) <= _STABLE_MAX_CHARS:
-            if len(self._signed_heads) >= _STABLE_KEPT:
+            if len(self._signed_heads) >= _SIGNED_KEPT:
                 del self._signed_heads[next(iter(self._signed_heads))]  # the oldest
             self._signed_heads[template] = (content, lines, per_line, found)
         return found
