@@ -591,25 +591,33 @@ def _corpus_table(results: dict[str, Any]) -> bool:
 
 def _cost_ab(baseline: Path, rounds: int) -> int:
     """Shaping's cost, this checkout's gateway and ``baseline``'s, measured alternately (each
-    in a process of its own, the same prompts), so both see the same machine load."""
+    in a process of its own, the same prompts), so both see the same machine load: per case
+    the range of medians and of 99th percentiles over the rounds."""
     here = Path(__file__).resolve().parent.parent
     sides = {"baseline": baseline.resolve(), "this": here}
-    medians: dict[str, list[list[float]]] = {name: [] for name in sides}
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in sides}
     for _ in range(rounds):
         for name, root in sides.items():
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 command = [sys.executable, __file__, "--cost-only", "--json", out.name]
                 command += ["--import-root", str(root)]
                 subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-                costs = json.loads(Path(out.name).read_text())["cost"]
-            medians[name].append([cost["median_us"] for cost in costs])
+                runs[name].append(json.loads(Path(out.name).read_text())["cost"])
+    costs = runs["this"][0]
     cases = [f"{c['system_lines']} lines, {c['prompt_tokens']:,} tokens" for c in costs]
-    print(f"| system prompt | baseline ({baseline}) | this checkout |")
-    print("|---|---|---|")
+
+    def span(name: str, case: int, key: str) -> str:
+        values = [run[case][key] for run in runs[name]]
+        low, high = round(min(values)), round(max(values))
+        return f"{low} µs" if low == high else f"{low}-{high} µs"
+
+    print(f"| system prompt | baseline ({baseline}) median | p99 | this checkout median | p99 |")
+    print("|---|---|---|---|---|")
     for i, case in enumerate(cases):
-        base = [run[i] for run in medians["baseline"]]
-        this = [run[i] for run in medians["this"]]
-        print(f"| {case} | {min(base):.0f}-{max(base):.0f} µs | {min(this):.0f}-{max(this):.0f} µs |")
+        print(
+            f"| {case} | {span('baseline', i, 'median_us')} | {span('baseline', i, 'p99_us')} "
+            f"| {span('this', i, 'median_us')} | {span('this', i, 'p99_us')} |"
+        )
     return 0
 
 

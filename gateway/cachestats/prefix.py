@@ -134,7 +134,16 @@ class _Recent:
             # memory compare says whether): the recent prompts of a template mostly share
             # just as much, and measuring each would compare the prompt a few times over.
             beat = best_common + CHECKPOINT_BYTES
-            if best is None or (beat <= len(old) and text.startswith(memoryview(old)[:beat])):
+            if (
+                best is None
+                or (
+                    beat <= len(old)
+                    # The checkpoint that would beat the best first (where prompts of a template
+                    # differ), then everything before it.
+                    and text.startswith(memoryview(old)[best_common:beat], best_common)
+                    and text.startswith(memoryview(old)[:best_common])
+                )
+            ):
                 common = _common_steps(text, old, (best_common // CHECKPOINT_BYTES) + (best is not None))
                 common *= CHECKPOINT_BYTES
                 if common > best_common:
@@ -155,23 +164,25 @@ def _common_steps(text: bytes, old: bytes, at_least: int = 0) -> int:
     """How many whole checkpoint steps ``text`` and ``old`` share from the start, knowing they
     share ``at_least`` (a memory compare per probe, no copy). Prompts that start alike mostly
     differ near their end: the probes go down from there by doubling gaps, then halve the
-    last gap (a few compares instead of a binary search over the whole length)."""
+    last gap (a few compares instead of a binary search over the whole length). Each probe
+    compares only the bytes after what is known to be shared."""
     view = memoryview(old)
-    top = min(len(text), len(old)) // CHECKPOINT_BYTES
-    if text.startswith(view[: top * CHECKPOINT_BYTES]):
+    step = CHECKPOINT_BYTES
+    top = min(len(text), len(old)) // step
+    low, high = at_least, top  # they share low steps; high, if they do, is the answer
+    if text.startswith(view[low * step : top * step], low * step):
         return top  # a repeat, or this prompt continues that one
-    low, high = at_least, top  # they share low steps, not high
     gap = 1
     while high - gap > low:
         probe = high - gap
-        if text.startswith(view[: probe * CHECKPOINT_BYTES]):
+        if text.startswith(view[low * step : probe * step], low * step):
             low = probe
             break
         high = probe
         gap *= 2
     while high - low > 1:
         mid = (low + high) // 2
-        if text.startswith(view[: mid * CHECKPOINT_BYTES]):
+        if text.startswith(view[low * step : mid * step], low * step):
             low = mid
         else:
             high = mid

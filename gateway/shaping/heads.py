@@ -324,7 +324,8 @@ class HeadReader:
         line_unit = recent.line_unit
         fired = recent.fired
         if changed:
-            fired = list(fired)
+            # In place: ``fired`` belongs to ``recent`` alone, and a head that is not read
+            # against it (None below) replaces it (``_read`` reads afresh and drops ``recent``).
             fires = self.detectors.fires
             for j in changed:
                 fired[j] = fires(lines[j])

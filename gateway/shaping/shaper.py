@@ -22,13 +22,13 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import not_
-from typing import Any
+from operator import is_not, ne, not_
+from typing import Any, NamedTuple
 
 import orjson
 
 from gateway.shaping.canonical import canonical_wrapper
-from gateway.shaping.heads import HeadReader
+from gateway.shaping.heads import Head, HeadReader
 from gateway.shaping.placement import Placements
 from gateway.shaping.policy import Placement, ShapingPolicy
 from gateway.shaping.stability import StabilityModel
@@ -53,6 +53,14 @@ _NOT_TEXT = (False, "", "")
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
 _FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
+# Conversations whose last request's head is kept (with its stable text: as many as the
+# head reader keeps heads, gateway.shaping.heads).
+_REPLAYS_KEPT = 512
+_REPLAY_MAX_CHANGED = 16  # more units changed than this: decide afresh
+_STABLE_KEPT = 256  # templates whose last stable head is kept
+_STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)
+_PREFIX_HASHES_KEPT = 256
+_SIGNED_KEPT = 64  # templates whose last signed head is kept (its lines and segments)
 _LONG_NUMBER = re.compile(r"\d{16}")
 
 
@@ -126,10 +134,10 @@ def _unit_kind(unit: Unit, lines: list[str]) -> str:
     return "list" if any(line_kind(line) == ITEM for line in lines[unit.start : unit.end]) else "lines"
 
 
-@dataclass(frozen=True, slots=True)
-class _Layout:
+class _Layout(NamedTuple):
     """A conversation's last request's head: the hashes of the units that moved, and of those
-    that stayed (concatenated, 8 characters each: a string costs less than a set)."""
+    that stayed (concatenated, 8 characters each: a string costs less than a set). A tuple:
+    one is made per request, and a frozen dataclass costs a call per field."""
 
     moved: frozenset[str]
     stable: str
@@ -147,6 +155,21 @@ class _ShapedTools:
     """Whether sorting changed their order."""
     json: bytes
     """Their JSON with sorted keys (for the prefix hash and its token count)."""
+
+
+class _Replay(NamedTuple):
+    """A conversation's last request's head as :meth:`PolicyShaper._replayed` reads it: the
+    layout it left, its units' hashes and which of them moved (a tuple, like :class:`_Layout`)."""
+
+    layout: _Layout
+    hashes: list[str]
+    moving: list[bool]
+    clean: bool
+    """No hash both moved and stayed (then a hash says where its unit was)."""
+    stable_idx: list[int]
+    """The units that stayed (shared with the placement's memo: the same list, the same units)."""
+    stable: tuple[str, str, bytes, bool]
+    """Their text, hashes, hashes as bytes and whether any is not blank."""
 
 
 _Placed = tuple[list[int], list[int], list[int], int, list[bool]]
@@ -215,6 +238,17 @@ class PolicyShaper:
         self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)
         self._whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]] = {}
         self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
+        # Per conversation, its last request's head (read against it, see _replayed).
+        self._replays: dict[str, _Replay] = {}
+        # Per template, its last head's stable units (their strings) and what they join to.
+        self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
+        # Per template, the last head signed: its text, lines, segment per line and segments.
+        self._signed_heads: dict[
+            str, tuple[str, list[str], list[tuple[str, str, str] | None], list[tuple[str, str, str]]]
+        ] = {}
+        # The prefix hash of the last few (tools JSON, stable head) pairs: a template's requests
+        # repeat theirs, as the very same bytes objects (memoized above), hashes cached.
+        self._prefix_hashes: dict[tuple[bytes, bytes], str] = {}
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -319,9 +353,20 @@ class PolicyShaper:
         else:
             tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
         result.stable_prefix_tokens += len(tools_json) // 4
-        result.prefix_hash = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
+        result.prefix_hash = self._prefix_hash(tools_json, stable_head)
         self._signature(body, result)
         return result
+
+    def _prefix_hash(self, tools_json: bytes, stable_head: bytes) -> str:
+        """The hash of the tools and the stable head (memoized: a template's requests repeat it)."""
+        key = (tools_json, stable_head)
+        found = self._prefix_hashes.get(key)
+        if found is None:
+            found = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
+            if len(self._prefix_hashes) >= _PREFIX_HASHES_KEPT:
+                del self._prefix_hashes[next(iter(self._prefix_hashes))]  # the oldest
+            self._prefix_hashes[key] = found
+        return found
 
     def _shape_head(
         self,
@@ -417,52 +462,37 @@ class PolicyShaper:
     ) -> bytes:
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         read = self._reader.read(content, tool_names)
-        lines, units, texts, detected, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
+        lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         result.template = template or skeleton
-        moving = self._moving(result.template, texts, detected, hashes, stability, writer)
         key, previous = self._layout(messages, result.template)
-        if previous is not None:
-            # Within a conversation a unit keeps the place it had: a verdict that changes as the
-            # model learns must not change the prefix of a conversation under way.
-            moved, stable_before = previous.moved, previous.stable
-            for h in moved:  # a few hashes: their units found by index, at C speed
-                i = _index(hashes, h, 0)
-                while i >= 0:
-                    moving[i] = True
-                    i = _index(hashes, h, i + 1)
-            for i in list(compress(range(len(moving)), moving)):  # the few moving units
-                h = hashes[i]
-                if h not in moved and _has_hash(stable_before, h):
-                    moving[i] = False
-        if ambiguous:
-            moving, rag = [False] * len(units), -1
-        for i in rag_blocks:
-            moving[i] = False
-        rag_kept = rag  # the retrieval block, wherever it goes below
-        to_end = at < 0
-        if rag >= 0:
-            moving[rag] = False
-            if (
-                not to_end
-                and previous is not None
-                and hashes[rag] not in previous.moved
-                and not _has_hash(previous.stable, rag_hash)
-            ):
-                # Passages retrieved anew for this turn: before the newest user turn, whole, like
-                # any content that changes within the conversation (the history stays cached).
-                moving[rag], rag = True, -1
-        late = self._late(messages, at, previous, hashes, moving, detected)
-        order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, rag, rag_kept)
+        replayed = (
+            self._replayed(key, previous, result.template, read, stability, writer, messages, at)
+            if previous is not None and rag < 0 and not ambiguous and not rag_blocks
+            else None
+        )
+        if replayed is not None:
+            replay, changed, moving, late = replayed
+            order, end_idx, late_idx, rag, moving = self._placed(units, lines, texts, moving, late, -1, -1)
+        else:
+            replay, changed = None, []
+            order, end_idx, late_idx, rag, moving = self._decided(
+                read, result.template, key, previous, stability, writer, messages, at
+            )
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
-        stable_hashes = "".join(map(hashes.__getitem__, stable_idx))
-        stable_key = stable_hashes.encode()
+        if replay is not None and stable_idx is replay.stable_idx and all(map(moving.__getitem__, changed)):
+            # The same units stay as in the conversation's previous request, none of them read
+            # again (every unit that changed moves): their text is the one joined then.
+            stable = replay.stable
+        else:
+            stable = self._stable(result.template, stable_idx, texts, hashes)
+        stable_text, stable_hashes, stable_key, has_stable = stable
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
-            self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
-        has_stable = any(texts[i].strip() for i in stable_idx)
-        stable_text = "\n".join(map(texts.__getitem__, stable_idx))
+            layout = self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
+            if read.rag < 0 and not ambiguous and not rag_blocks:
+                self._keep_replay(key, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
@@ -487,6 +517,157 @@ class PolicyShaper:
             result.late_at = _late_at(messages, at)
         result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
+
+    def _decided(
+        self,
+        read: Head,
+        template: str,
+        key: str,
+        previous: _Layout | None,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        messages: list[Any],
+        at: int,
+    ) -> _Placed:
+        """Where each unit of the head goes (see :meth:`_placed`): its verdict, the layout the
+        conversation had, the retrieval block and the placement."""
+        lines, units, texts, detected, hashes, rag, rag_hash, _, ambiguous, rag_blocks = read
+        moving = self._moving(template, texts, detected, hashes, stability, writer)
+        if previous is not None:
+            # Within a conversation a unit keeps the place it had: a verdict that changes as the
+            # model learns must not change the prefix of a conversation under way.
+            moved, stable_before = previous.moved, previous.stable
+            if moved:  # the units carrying a hash that moved: one C-speed pass
+                for i in compress(range(len(hashes)), map(moved.__contains__, hashes)):
+                    moving[i] = True
+            for i in list(compress(range(len(moving)), moving)):  # the few moving units
+                h = hashes[i]
+                if h not in moved and _has_hash(stable_before, h):
+                    moving[i] = False
+        if ambiguous:
+            moving, rag = [False] * len(units), -1
+        for i in rag_blocks:
+            moving[i] = False
+        rag_kept = rag  # the retrieval block, wherever it goes below
+        to_end = at < 0
+        if rag >= 0:
+            moving[rag] = False
+            if (
+                not to_end
+                and previous is not None
+                and hashes[rag] not in previous.moved
+                and not _has_hash(previous.stable, rag_hash)
+            ):
+                # Passages retrieved anew for this turn: before the newest user turn, whole, like
+                # any content that changes within the conversation (the history stays cached).
+                moving[rag], rag = True, -1
+        late = self._late(messages, at, previous, hashes, moving, detected)
+        return self._placed(units, lines, texts, moving, late, rag, rag_kept)
+
+    def _replayed(
+        self,
+        key: str,
+        previous: _Layout,
+        template: str,
+        read: Head,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        messages: list[Any],
+        at: int,
+    ) -> tuple[_Replay, list[int], list[bool], list[bool]] | None:
+        """What :meth:`_decided` would find moving and late, at the cost of what changed since
+        the conversation's previous request (None: decide afresh); also that request's
+        replay and the units that changed since.
+
+        Within a conversation a unit whose hash the previous request had keeps the place it
+        had there, whatever its verdict: it moved (its hash is in the layout's moved set) and
+        moves again, to the end of the system message, or it stayed (its hash is in the
+        stable part) and stays. So only the units whose hash is new (by identity: a head read
+        against the last one shares the strings of the units it did not read again) are
+        decided; the others are the previous request's. This holds when no hash both moved
+        and stayed there (``clean``) and the head has no retrieval block, nesting or
+        ambiguity (checked by the caller)."""
+        replay = self._replays.get(key)
+        hashes = read.hashes
+        if (
+            replay is None
+            or replay.layout is not previous
+            or not replay.clean
+            or len(replay.hashes) != len(hashes)
+        ):
+            return None
+        changed = list(compress(range(len(hashes)), map(is_not, hashes, replay.hashes)))
+        if len(changed) > _REPLAY_MAX_CHANGED:
+            return None
+        policy = self.policy
+        learned: list[bool | None] | None = None
+        if stability is not None and policy.learn:
+            new = [hashes[i] for i in changed]
+            learned = stability.verdicts(template, new, policy.learn_min_requests, policy.stable_share)
+            stability.observe(template, hashes, writer)
+            if learned and learned[0] is None:  # not known yet: the detectors decide
+                learned = None
+        moving = list(replay.moving)
+        late = [False] * len(hashes)
+        moved, stable_before = previous.moved, previous.stable
+        # Per-request content goes late only after an answer (see :meth:`_late`).
+        late_ok = at >= 0 and _has_history(messages, at)
+        texts, detected = read.texts, read.detected
+        for n, i in enumerate(changed):
+            h = hashes[i]
+            verdict = learned[n] if learned is not None else None
+            # As _moving decides: the detectors until the counts are known, else the counts
+            # (a blank unit carries nothing that varies).
+            unit_moves = detected[i] if verdict is None else not verdict and bool(texts[i].strip())
+            if h in moved:
+                unit_moves = True
+            elif unit_moves and _has_hash(stable_before, h):
+                unit_moves = False
+            moving[i] = unit_moves
+            late[i] = unit_moves and late_ok and h not in moved
+        return replay, changed, moving, late
+
+    def _keep_replay(
+        self,
+        key: str,
+        layout: _Layout,
+        hashes: list[str],
+        moving: list[bool],
+        stable_idx: list[int],
+        stable: tuple[str, str, bytes, bool],
+    ) -> None:
+        """Keep what :meth:`_replayed` needs for the conversation's next request."""
+        replays = self._replays
+        clean = layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
+        if key not in replays and len(replays) >= _REPLAYS_KEPT:
+            del replays[next(iter(replays))]  # the oldest
+        replays[key] = _Replay(layout, hashes, moving, clean, stable_idx, stable)
+
+    def _stable(
+        self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
+    ) -> tuple[str, str, bytes, bool]:
+        """The stable units' text (joined by lines), their hashes (concatenated, and as bytes)
+        and whether any of them is not blank. A template's requests mostly keep the same units
+        in the head (what changed moved out): the last answer per template is kept and
+        reused when the units are the very same strings (an identity compare per unit, no
+        join over the whole head)."""
+        unit_texts = list(map(texts.__getitem__, stable_idx))
+        unit_hashes = list(map(hashes.__getitem__, stable_idx))
+        memo = self._stable_memo.get(template)
+        if memo is not None and memo[0] == unit_texts and memo[1] == unit_hashes:
+            return memo[2]
+        stable_hashes = "".join(unit_hashes)
+        found = (
+            "\n".join(unit_texts),
+            stable_hashes,
+            stable_hashes.encode(),
+            any(text.strip() for text in unit_texts),
+        )
+        if len(found[0]) <= _STABLE_MAX_CHARS:
+            if len(self._stable_memo) >= _STABLE_KEPT:
+                del self._stable_memo[next(iter(self._stable_memo))]  # the oldest
+            self._stable_memo[template] = (unit_texts, unit_hashes, found)
+        return found
 
     def _placed(
         self,
@@ -643,10 +824,11 @@ class PolicyShaper:
         del memo[_FIRST_USERS_KEPT:]
         return f"{template}:{h}"
 
-    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> None:
+    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> _Layout:
         if len(self._conversations) > 5_000:
             self._conversations.clear()
-        self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+        layout = self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+        return layout
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
@@ -671,16 +853,18 @@ class PolicyShaper:
                 continue
             role = str(message.get("role", ""))
             content = message.get("content")
-            if i == 0 and role in _HEAD_ROLES and isinstance(content, (str, list)):
-                unit = "line" if isinstance(content, str) else "part"
-                pieces = content.split("\n") if isinstance(content, str) else content
-                for n, piece in enumerate(pieces):
-                    text = piece if isinstance(piece, str) else _part_text(piece)
+            if i == 0 and role in _HEAD_ROLES and isinstance(content, str):
+                segments += self._head_signature(result.template, content)
+                continue
+            if i == 0 and role in _HEAD_ROLES and isinstance(content, list):
+                for n, piece in enumerate(content):
+                    text = _part_text(piece)
                     if text is None:
-                        segments.append((f"system {unit} {n + 1}", _short(orjson.dumps(piece)), ""))
-                    elif text.strip():
-                        _, masked, h = self.detectors.line(text)
-                        segments.append((f"system {unit} {n + 1}", h, masked[:80] if previews else ""))
+                        segments.append((f"system part {n + 1}", _short(orjson.dumps(piece)), ""))
+                    else:
+                        segment = self._line_segment("part", n, text)
+                        if segment is not None:
+                            segments.append(segment)
                 continue
             data = orjson.dumps(content)
             preview = (
@@ -689,6 +873,35 @@ class PolicyShaper:
                 else ""
             )
             segments.append((f"message {i + 1} ({role})", _short(data), preview))
+
+    def _line_segment(self, unit: str, n: int, text: str) -> tuple[str, str, str] | None:
+        """The segment of the head's line (or text part) ``n``; None for a blank one."""
+        if not text.strip():
+            return None
+        _, masked, h = self.detectors.line(text)
+        return (f"system {unit} {n + 1}", h, masked[:80] if self.policy.report_previews else "")
+
+    def _head_signature(self, template: str, content: str) -> list[tuple[str, str, str]]:
+        """The segments of a string head, line by line. The last one signed per template is
+        kept: a repeat costs a compare, and a head with the same number of lines costs the
+        lines that differ (a shaped head mostly repeats: what varies moved out of it)."""
+        memo = self._signed_heads.get(template)
+        if memo is not None and memo[0] == content:
+            return memo[3]
+        lines = content.split("\n")
+        line_segment = self._line_segment
+        if memo is not None and len(memo[1]) == len(lines):
+            per_line = list(memo[2])
+            for n in compress(range(len(lines)), map(ne, lines, memo[1])):
+                per_line[n] = line_segment("line", n, lines[n])
+        else:
+            per_line = [line_segment("line", n, line) for n, line in enumerate(lines)]
+        found = list(filter(None, per_line))
+        if len(content) <= _STABLE_MAX_CHARS:
+            if len(self._signed_heads) >= _SIGNED_KEPT:
+                del self._signed_heads[next(iter(self._signed_heads))]  # the oldest
+            self._signed_heads[template] = (content, lines, per_line, found)
+        return found
 
 
 def _late_at(messages: list[Any], at: int) -> str:
@@ -732,14 +945,6 @@ def _last_user_index(messages: list[Any]) -> int:
         if isinstance(message, dict) and message.get("role") == "user":
             return i
     return -1
-
-
-def _index(items: list[str], item: str, start: int) -> int:
-    """Where ``item`` is in ``items`` from ``start`` on (-1: nowhere)."""
-    try:
-        return items.index(item, start)
-    except ValueError:
-        return -1
 
 
 def _has_hash(joined: str, h: str) -> bool:

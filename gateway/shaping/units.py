@@ -62,26 +62,35 @@ def line_kind(line: str) -> int:
     stripped = line.strip()
     if not stripped:
         kind = BLANK
+    elif stripped[0].isalpha():
+        # A line starting with a letter is no heading, divider or list item: the three
+        # patterns need a mark or a digit first (a new line of a template costs less).
+        kind = _plain_kind(line, stripped)
     elif _HEADING.match(line):
         kind = HEADING
     elif _BREAK.match(line):
         kind = BREAK
     elif _ITEM.match(line):
         kind = ITEM
-    elif line[0] in " \t":
-        kind = INDENT
-    elif stripped[0] == "|":
-        kind = TABLE
-    elif stripped.endswith(":"):
-        kind = LEAD_IN
-    elif len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
-        kind = KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
     else:
-        kind = TEXT
+        kind = _plain_kind(line, stripped)
     if len(_kinds) > 50_000:
         _kinds.clear()
     _kinds[line] = kind
     return kind
+
+
+def _plain_kind(line: str, stripped: str) -> int:
+    """:func:`line_kind` of a line that is not blank, a heading, a divider or a list item."""
+    if line[0] in " \t":
+        return INDENT
+    if stripped[0] == "|":
+        return TABLE
+    if stripped.endswith(":"):
+        return LEAD_IN
+    if len(stripped) <= 80 and not stripped.endswith(".") and _KEY_VALUE.match(line):
+        return KEY_VALUE  # a short "Key: value" field; "Rule 3: never ... ." is a sentence
+    return TEXT
 
 
 def level(heading: str) -> int:
@@ -212,19 +221,33 @@ def segment(lines: list[str]) -> list[Unit]:
 
 _shape_ids: dict[str, int] = {}
 _plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_digit_shapes: dict[bytes, int] = {}  # by the line with its digits as 0: no pattern tells them apart
 _own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")  # over UTF-8: digits are ASCII bytes
 
 
 def _shape_id(line: str) -> int:
     """An id for everything :func:`segment` reads in ``line``: for an ordinary line its kind,
     whether it closes a clause, whether it starts in lowercase and its heading level; a line
-    that may open or close an element or a fence is its own shape."""
+    that may open or close an element or a fence is its own shape. Lines differing only in
+    their digits (a time, a count) have the same shape: found by the line with its digits
+    as ``0``, without the patterns."""
     if "<" in line or "`" in line or "~" in line:
         shape = -next(_own_shapes)
     else:
-        key = (line_kind(line), line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), level(line))
-        shape = _plain_shapes.setdefault(key, len(_plain_shapes))
+        digits = line.encode("utf-8", "surrogatepass").translate(_DIGITS)
+        found = _digit_shapes.get(digits)
+        if found is None:
+            kind = line_kind(line)
+            # Only a heading has a level (the same pattern decides both).
+            depth = level(line) if kind == HEADING else 0
+            key = (kind, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), depth)
+            found = _plain_shapes.setdefault(key, len(_plain_shapes))
+            if len(_digit_shapes) > 50_000:
+                _digit_shapes.clear()
+            _digit_shapes[digits] = found
+        shape = found
     if len(_shape_ids) > 50_000:
         _shape_ids.clear()
     _shape_ids[line] = shape

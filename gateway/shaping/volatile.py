@@ -9,8 +9,10 @@ stable lines that every request repeats cost one dictionary lookup.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
+from typing import TypeVar
 
 from gateway.shaping.policy import Detector
 
@@ -57,7 +59,30 @@ MASK = "<*>"
 _FIRES_ORDER: tuple[Detector, ...] = (
     "iso_date", "time", "epoch", "uuid", "hex_id", "request_id", "base64_id", "written_date", "weekday",
 )  # fmt: skip
+_K = TypeVar("_K")
+_T = TypeVar("_T")
 _GATE = re.compile(r"[\d-]|(?i:day)")
+# What a detector cannot match without (a substring, or for ``weekday`` its word ending): a
+# line without it skips the detector's search (a line new to a template costs less).
+_NEEDS: dict[Detector, tuple[str, ...] | re.Pattern[str]] = {
+    "iso_date": ("-", "/"),
+    "time": (":",),
+    "uuid": ("-",),
+    "request_id": ("_", "-"),
+    "weekday": re.compile(r"(?i:day)"),
+}
+
+
+# The built-in detectors tell digits apart only as these classes: ``1`` (epoch's leading
+# digit), ``5``-``9`` (epoch's second) and the rest (every other use is ``\d`` or a class
+# holding all ten). A line with its ASCII digits so reduced fires exactly where it does.
+_DIGIT_CLASSES = bytes.maketrans(b"0123456789", b"0100055555")  # over UTF-8: digits are ASCII bytes
+
+
+def _newer_half(memo: dict[_K, _T]) -> dict[_K, _T]:
+    """The newer half of a full memo (dropped at once: deleting the oldest entry one by one
+    makes finding the next oldest cost more with each deletion)."""
+    return dict(itertools.islice(memo.items(), len(memo) // 2, None))
 
 
 class Detectors:
@@ -72,9 +97,13 @@ class Detectors:
         # For :meth:`fires`: each detector alone (the likeliest first), each stopping at its
         # first match, instead of the alternation tried at every position.
         order = [d for d in _FIRES_ORDER if d in detectors]
-        self._singles = [re.compile(PATTERNS[d]) for d in order]
+        self._singles = [(_NEEDS.get(d), re.compile(PATTERNS[d])) for d in order]
         self._extra = [re.compile(f"(?i:{x})") for x in extra]
+        # What :meth:`fires` found (for the built-in detectors), by the line and by its bytes
+        # with the digits reduced to the classes the detectors tell apart (a time or an id
+        # with other digits reads the same).
         self._fired: dict[str, bool] = {}
+        self._fired_classes: dict[bytes, bool] = {}
 
     def fires(self, text: str) -> bool:
         """Whether a detector fires in ``text`` (what :meth:`line` says first; a new line costs
@@ -82,16 +111,35 @@ class Detectors:
         found = self._memo.get(text)
         if found is not None:
             return found[0]
+        if self._extra and any(p.search(text) for p in self._extra):
+            return True  # a policy's own regex may tell any digit apart: not memoized
         fired = self._fired.get(text)
         if fired is None:
-            # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
-            fired = any(p.search(text) for p in self._extra) or (
-                _GATE.search(text) is not None and any(p.search(text) for p in self._singles)
-            )
+            key = text.encode("utf-8", "surrogatepass").translate(_DIGIT_CLASSES)
+            fired = self._fired_classes.get(key)
+            if fired is None:
+                # Every built-in detector needs a digit, a hyphen (a UUID of letters) or "day".
+                fired = _GATE.search(text) is not None and self._single_fires(text)
+                if len(self._fired_classes) >= self._memo_size:
+                    self._fired_classes = _newer_half(self._fired_classes)
+                self._fired_classes[key] = fired
             if len(self._fired) >= self._memo_size:
-                del self._fired[next(iter(self._fired))]
+                self._fired = _newer_half(self._fired)
             self._fired[text] = fired
         return fired
+
+    def _single_fires(self, text: str) -> bool:
+        """Whether one of the built-in detectors matches in ``text`` (skipping those it cannot)."""
+        for needs, pattern in self._singles:
+            if needs is not None:
+                if isinstance(needs, tuple):
+                    if not any(needed in text for needed in needs):
+                        continue
+                elif needs.search(text) is None:
+                    continue
+            if pattern.search(text):
+                return True
+        return False
 
     def line(self, text: str) -> tuple[bool, str, str]:
         """``(volatile, masked, hash)`` for one line: whether a detector fires, the line with
@@ -101,14 +149,16 @@ class Detectors:
         found = memo.get(text)
         if found is not None:
             return found
-        if self._regex is None or not text:
+        if self._regex is None or not text or not self.fires(text):
+            # Nothing matches (:meth:`fires` says so at less cost, memoized by digit classes):
+            # the masking pass would leave the text as it is.
             found = (False, text, line_hash(text))
         else:
             masked, hits = self._regex.subn(MASK, text)
             found = (hits > 0, masked, line_hash(text))
         memo[text] = found
         if len(memo) > self._memo_size:
-            del memo[next(iter(memo))]  # the oldest
+            self._memo = _newer_half(memo)
         return found
 
 

@@ -1,0 +1,176 @@
+"""What the shaper remembers between requests changes nothing it decides: a conversation's
+request read against its previous one (the replay), a template's stable head and signed
+head, and the digit classes the detectors and line shapes are memoized by."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.shaping.policy import DETECTORS, ShapingPolicy
+from gateway.shaping.shaper import PolicyShaper
+from gateway.shaping.stability import StabilityModel
+from gateway.shaping.units import _ENDS_CLAUSE, HEADING, level, line_kind, same_shape
+from gateway.shaping.volatile import PATTERNS, Detectors
+from tests.unit.shaping.test_units import _PIECES
+
+_PLACEMENTS = ["end_of_system", "before_last_user", "after_last_tool", "after_last_turn"]
+
+
+class _Afresh(PolicyShaper):
+    """A shaper that decides every request from scratch and keeps no head between requests."""
+
+    def _replayed(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def _stable(self, template: str, *args: Any) -> Any:
+        self._stable_memo.clear()
+        return super()._stable(template, *args)
+
+    def _head_signature(self, template: str, content: str) -> Any:
+        self._signed_heads.clear()
+        return super()._head_signature(template, content)
+
+
+def _outcome(body: dict[str, Any], shaper: PolicyShaper, model: StabilityModel) -> tuple[Any, ...]:
+    shaped = copy.deepcopy(body)
+    r = shaper.shape(shaped, model)
+    return shaped, r.header(), r.moves, r.prefix_hash, r.stable_prefix_tokens, r.head_stable_chars, r.segments
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12),
+    st.sampled_from(_PLACEMENTS),
+    st.booleans(),
+    st.booleans(),
+    st.lists(st.integers(0, 2), min_size=4, max_size=10),
+)
+def test_remembered_heads_decide_as_a_fresh_shaper(
+    pieces: list[str], placement: str, rag: bool, agent: bool, users: list[int]
+) -> None:
+    # Three users' conversations interleaved, each request with a new time and a per-user
+    # name; the learned model on from the fourth request.
+    policy = ShapingPolicy.model_validate(
+        {"placement": placement, "rag": {"enabled": rag}, "learn_min_requests": 3}
+    )
+    remembering, afresh = PolicyShaper(policy), _Afresh(policy)
+    models = StabilityModel(), StabilityModel()
+    histories: dict[int, list[dict[str, Any]]] = {}
+    for n, user in enumerate(users):
+        history = histories.setdefault(user, [{"role": "user", "content": f"task {user}"}])
+        system = "\n".join(pieces).replace("10:42", f"10:{n:02d}").replace("Ana", f"Ana{user}")
+        body = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+        assert _outcome(body, remembering, models[0]) == _outcome(body, afresh, models[1])
+        if agent:
+            call = {"id": f"c{n}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{n}", "content": "ok"},
+            ]
+        else:
+            history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": f"q{n}"}]
+
+
+class _Counting(PolicyShaper):
+    replayed = 0
+
+    def _replayed(self, *args: Any, **kwargs: Any) -> Any:
+        found = super()._replayed(*args, **kwargs)
+        self.replayed += found is not None
+        return found
+
+
+def test_a_conversation_under_way_is_replayed_and_shaped_as_afresh() -> None:
+    policy = ShapingPolicy()
+    remembering, afresh = _Counting(policy), _Afresh(policy)
+    models = StabilityModel(), StabilityModel()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix the build"}]
+    for step in range(12):
+        system = f"You are Forge.\n<env>\nTime: 10:{step:02d}\nCwd: /home/ana\n</env>\n# Rules\n- be brief"
+        body = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+        assert _outcome(body, remembering, models[0]) == _outcome(body, afresh, models[1])
+        history += [{"role": "assistant", "content": f"step {step}"}, {"role": "user", "content": "go on"}]
+    # Every request after the first is read against the one before it.
+    assert remembering.replayed == 11
+
+
+_DETECTORS = Detectors(list(DETECTORS), [])
+_DIGITS = st.text(st.sampled_from("0123456789"), min_size=1, max_size=12)
+_WORDS = st.sampled_from(
+    [
+        "",
+        " ",
+        ":",
+        "-",
+        "/",
+        "_",
+        "T",
+        "Z",
+        "day",
+        "Friday",
+        "Dec",
+        "req_",
+        "run-",
+        "ab",
+        "Q",
+        "# ",
+        "- ",
+        "1. ",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.one_of(_DIGITS, _WORDS), min_size=1, max_size=8), st.lists(_DIGITS, min_size=1, max_size=8)
+)
+def test_a_line_fires_and_has_its_shape_by_its_own_digits(parts: list[str], other_digits: list[str]) -> None:
+    # A line whose digits change (a new time, a new id) fires exactly where its detectors
+    # match, though memoized by its digits' classes; and its shape is the one its patterns say.
+    detectors = _DETECTORS  # shared by the examples: what one memoized must hold for the next
+    patterns = [re.compile(PATTERNS[d]) for d in DETECTORS]
+    digits = iter(other_digits * 8)
+    for line in ("".join(parts), "".join(next(digits) if p.isdigit() else p for p in parts)):
+        assert detectors.fires(line) == any(p.search(line) for p in patterns), line
+    first, second = "".join(parts), "".join(p[::-1] if p.isdigit() else p for p in parts)
+    if "<" not in first and "`" not in first and "~" not in first:
+        keys = [
+            (k, level(line) if k == HEADING else 0, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower())
+            for line, k in ((line, line_kind(line)) for line in (first, second))
+        ]
+        assert same_shape(first, second) == (keys[0] == keys[1])
+
+
+def test_a_unit_the_conversation_kept_stays_though_the_counts_now_call_it_volatile() -> None:
+    # User A's name stayed in A's first request (nothing was known yet); by A's next request
+    # the counts find it volatile, and another user's head was read in between (so A's name
+    # line was read again): it still stays, as it does for a shaper that remembers nothing.
+    policy = ShapingPolicy.model_validate({"learn_min_requests": 2})
+    remembering, afresh = _Counting(policy), _Afresh(policy)
+    models = StabilityModel(), StabilityModel()
+    a: list[dict[str, Any]] = [{"role": "user", "content": "hi, I am A"}]
+    b: list[dict[str, Any]] = [{"role": "user", "content": "hi, I am B"}]
+    for n, (name, history) in enumerate((("Ana", a), ("Bo", b), ("Ana", a))):
+        system = f"You are a helpful assistant.\n\nName: {name}\n\nLocal time: 10:0{n}\n\nBe brief."
+        body = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+        shaped = _outcome(body, remembering, models[0])
+        assert shaped == _outcome(body, afresh, models[1])
+        history += [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    assert remembering.replayed == 1
+    assert shaped[0]["messages"][0]["content"] == "You are a helpful assistant.\n\nName: Ana\n\n\nBe brief."
+
+
+def test_an_epoch_and_a_number_of_its_length_are_told_apart() -> None:
+    detectors = Detectors(list(DETECTORS), [])
+    lines = [
+        "Started at 1700000000.",
+        "Started at 1200000000.",
+        "Started at 1900000000.",
+        "Started at 2700000000.",
+    ]
+    assert [detectors.fires(line) for line in lines] == [True, False, True, False]
