@@ -517,3 +517,24 @@ def test_https_checks_the_certificate_against_the_host(
             server.server.close()
 
     run(main())
+
+
+def test_a_waiter_cancelled_as_a_connection_comes_free_does_not_lose_it() -> None:
+    async def main() -> None:
+        server = Server(None)  # type: ignore[arg-type]
+        server.handler = keep_answering(server)
+        async with server:
+            transport = Http1Transport(server.url, deployment(", max_connections: 1"))
+            held = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+            await held.read()
+            waiting = asyncio.ensure_future(post(transport))
+            await asyncio.sleep(0.01)
+            waiting.cancel()  # its future is cancelled now, its task runs later
+            held.release()  # frees the connection in the same step
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert await post(transport) == (200, b'{"ok":true}')
+            assert server.connections == 1 and transport._open == 1 and not transport._waiters
+            await transport.close()
+
+    run(main())
