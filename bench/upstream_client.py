@@ -8,8 +8,10 @@ The canned upstream runs in a child process (its CPU is not counted): a fixed 1,
 JSON answer like the overhead benchmark's nginx, and a 22-event SSE answer (~6 kB, the
 same size) sent either in one write or one write per event. Each measured request is what
 dispatch does: ``send`` (a JSON body), read the body (``iter_chunks`` to its end), ``release``.
-Prints this process's CPU time per request (``time.process_time``) and req/s, median of
-``--rounds`` interleaved rounds (aiohttp, http1, aiohttp, ...).
+Prints this process's CPU time per request (``time.process_time``), req/s and body reads per
+request, medians of ``--rounds`` interleaved rounds (aiohttp, http1, aiohttp, ...). In the
+paced mode a client that reads faster sees each event as a read of its own where a slower
+one finds several waiting: compare CPU per read there too.
 """
 
 from __future__ import annotations
@@ -62,7 +64,10 @@ EVENTS = [
 ] + [b"data: [DONE]\n\n"]
 REQUEST = {
     "model": "canned",
-    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi. " * 20}],
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say hi. " * 20},
+    ],
     "max_tokens": 64,
 }
 
@@ -117,31 +122,36 @@ def _deployment() -> Deployment:
 
 
 async def _one(transport: Transport, endpoint: str) -> int:
+    """One request as dispatch makes it; returns the number of body reads it took."""
     resp = await transport.send(endpoint, REQUEST, headers={"x-request-id": "bench"}, connect_timeout_s=5)
-    size = 0
-    async for chunk in resp.iter_chunks():
-        size += len(chunk)
+    reads = 0
+    async for _ in resp.iter_chunks():
+        reads += 1
     resp.release()
-    return size
+    return reads
 
 
-async def _round(make: type[Transport], url: str, mode: str, requests: int, concurrency: int) -> tuple[float, float]:
+async def _round(
+    make: type[Transport], url: str, mode: str, requests: int, concurrency: int
+) -> tuple[float, float, float]:
     transport = make(url, _deployment())  # type: ignore[call-arg]
     endpoint = f"/{mode}/chat/completions"
     for _ in range(50):  # open the connections
         await asyncio.gather(*(_one(transport, endpoint) for _ in range(concurrency)))
     per_worker = requests // concurrency
+    reads = 0
 
     async def worker() -> None:
+        nonlocal reads
         for _ in range(per_worker):
-            await _one(transport, endpoint)
+            reads += await _one(transport, endpoint)
 
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     await transport.close()
     done = per_worker * concurrency
-    return cpu / done * 1e6, done / wall
+    return cpu / done * 1e6, done / wall, reads / done
 
 
 def main() -> None:
@@ -157,10 +167,11 @@ def main() -> None:
     url = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
     clients: dict[str, type[Transport]] = {"aiohttp": HttpTransport, "http1": Http1Transport}
     try:
-        print(f"{'mode':<10} {'conc':>4}  {'client':<8} {'cpu us/req':>10} {'range':>15} {'req/s':>8}")
+        columns = ("mode", "conc", "client", "cpu us/req", "range", "req/s", "reads/req")
+        print("{:<10} {:>4}  {:<8} {:>10} {:>15} {:>8} {:>9}".format(*columns))
         for mode in args.modes.split():
             for conc in (int(c) for c in args.concurrency.split()):
-                results: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
+                results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in clients}
                 for _ in range(args.rounds):
                     for name, make in clients.items():
                         results[name].append(uvloop.run(_round(make, url, mode, args.requests, conc)))
@@ -169,8 +180,10 @@ def main() -> None:
                     cpus = [r[0] for r in rows]
                     medians[name] = statistics.median(cpus)
                     rate = statistics.median(r[1] for r in rows)
+                    reads = statistics.median(r[2] for r in rows)
                     spread = f"{min(cpus):.1f}-{max(cpus):.1f}"
-                    print(f"{mode:<10} {conc:>4}  {name:<8} {medians[name]:>10.1f} {spread:>15} {rate:>8.0f}")
+                    line = f"{mode:<10} {conc:>4}  {name:<8} {medians[name]:>10.1f} {spread:>15}"
+                    print(f"{line} {rate:>8.0f} {reads:>9.1f}")
                 saved = medians["aiohttp"] - medians["http1"]
                 print(f"{'':<10} {'':>4}  saved    {saved:>10.1f} us/req ({saved / medians['aiohttp']:.0%})")
     finally:

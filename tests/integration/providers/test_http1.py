@@ -24,6 +24,7 @@ from gateway.config import parse_policy
 from gateway.policy import Deployment
 from gateway.providers import http1
 from gateway.providers.http1 import Http1Transport
+from gateway.providers.transport import HttpTransport, Transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -538,3 +539,50 @@ def test_a_waiter_cancelled_as_a_connection_comes_free_does_not_lose_it() -> Non
             await transport.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("make", [Http1Transport, HttpTransport], ids=["http1", "aiohttp"])
+def test_both_clients_raise_what_the_failure_table_reads(make: type[Transport]) -> None:
+    """The same failure reaches dispatch as the same class whichever client is chosen
+    (``SWITCHYARD_UPSTREAM_CLIENT``)."""
+
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            body = await server.read_request(reader)
+            if body == b'{"case":"no-head"}':
+                return
+            if body == b'{"case":"cut"}':
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
+            else:
+                writer.write(answer(gzip.compress(b'{"ok":1}'), "Content-Encoding: gzip"))
+            await writer.drain()
+
+        server = Server(handler)
+        async with server:
+            url = server.url
+            transport = make(url, deployment())  # type: ignore[call-arg]
+
+            async def call(case: str) -> bytes:
+                resp = await transport.send("/x", {"case": case}, headers={}, connect_timeout_s=2)
+                try:
+                    return await resp.read()
+                finally:
+                    resp.close()
+
+            with pytest.raises(aiohttp.ServerDisconnectedError):
+                await call("no-head")
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await call("cut")
+            assert await call("gzip") == b'{"ok":1}'
+            await transport.close()
+        refused = make(url, deployment())  # type: ignore[call-arg]
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await call_once(refused)
+        await refused.close()
+
+    run(main())
+
+
+async def call_once(transport: Transport) -> None:
+    resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+    resp.close()
