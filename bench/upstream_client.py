@@ -144,7 +144,8 @@ async def _round(
     async def worker() -> None:
         nonlocal reads
         for _ in range(per_worker):
-            reads += await _one(transport, endpoint)
+            took = await _one(transport, endpoint)  # not `reads += await`: that reads `reads` first
+            reads += took
 
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

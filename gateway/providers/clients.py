@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import structlog
+
 from gateway.providers.http1 import Http1Transport
 from gateway.providers.transport import HttpTransport, Transport
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
+
+_log = structlog.get_logger("switchyard")
 
 CLIENT_ENV = "SWITCHYARD_UPSTREAM_CLIENT"
 """``http1`` (the default): :class:`~gateway.providers.http1.Http1Transport`; ``aiohttp``:
@@ -18,10 +22,13 @@ hatch should an upstream need something only aiohttp does."""
 
 
 def http_transport(base_url: str, deployment: Deployment) -> Transport:
-    """The transport for one base URL (a deployment's, or one replica's), per :data:`CLIENT_ENV`."""
+    """The transport for one base URL (a deployment's, or one replica's), per :data:`CLIENT_ENV`.
+
+    An unknown value is logged and the default used: a mistyped escape hatch must not stop
+    a gateway that works without it."""
     choice = os.environ.get(CLIENT_ENV, "").strip().lower() or "http1"
-    if choice == "http1":
-        return Http1Transport(base_url, deployment)
     if choice == "aiohttp":
         return HttpTransport(base_url, deployment)
-    raise ValueError(f"{CLIENT_ENV} must be http1 or aiohttp, not {choice!r}")
+    if choice != "http1":
+        _log.warning("unknown_upstream_client", variable=CLIENT_ENV, value=choice, using="http1")
+    return Http1Transport(base_url, deployment)
