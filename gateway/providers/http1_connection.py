@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 
 from gateway.providers.transport import TransportResponse
 
-READ_HIGH_WATER_BYTES = 1 << 20
+READ_HIGH_WATER_BYTES = 256 * 1024
 """Unread body bytes beyond which reading from the socket pauses until the reader catches up."""
 
 _NO_HEADERS: CIMultiDict[str] = CIMultiDict()
@@ -294,6 +294,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = Http1Response(self)
         self.keep_alive = False
+        self._raw_headers = []  # a chunked body's trailers of the last answer are not this one's
         waiter = self._head_waiter = self.loop.create_future()
         try:
             self.transport.write(data)

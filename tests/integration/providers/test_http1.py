@@ -586,3 +586,57 @@ def test_both_clients_raise_what_the_failure_table_reads(make: type[Transport]) 
 async def call_once(transport: Transport) -> None:
     resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
     resp.close()
+
+
+def test_trailers_do_not_leak_into_the_next_answer() -> None:
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                b"2\r\n{}\r\n0\r\nX-Checksum: abc\r\n\r\n"
+            )
+            await server.read_request(reader)
+            writer.write(answer(b"{}"))
+            await writer.drain()
+            await reader.read()
+
+        server = Server(handler)
+        async with server:
+            transport = Http1Transport(server.url, deployment())
+            assert await post(transport) == (200, b"{}")
+            resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+            assert "X-Checksum" not in resp.headers and resp.headers["Content-Length"] == "2"
+            resp.close()
+            assert server.connections == 1
+            await transport.close()
+
+    run(main())
+
+
+def test_a_large_body_read_slowly_pauses_the_socket_and_arrives_whole() -> None:
+    async def main() -> None:
+        body = bytes(range(256)) * (12 * 1024)  # 3 MiB
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.read_request(reader)
+                writer.write(answer(body))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server:
+            transport = Http1Transport(server.url, deployment())
+            resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+            parts = []
+            await asyncio.sleep(0.1)  # the socket fills the buffer past its high-water mark
+            async for chunk in resp.iter_chunks():
+                parts.append(chunk)
+                await asyncio.sleep(0.001)
+            assert b"".join(parts) == body
+            resp.release()
+            assert await post(transport) == (200, body)  # the resumed connection is reused
+            assert server.connections == 1
+            await transport.close()
+
+    run(main())
