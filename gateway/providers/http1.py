@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import socket
 import ssl
 from collections import deque
@@ -41,6 +42,10 @@ from gateway.providers.transport import Transport, TransportResponse, static_hea
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
+
+DNS_TTL_S = 300.0
+"""How long a host name's addresses are reused before they are looked up again (as the aiohttp
+client was configured): a burst of new connections then costs one lookup, not one each."""
 
 KEEPALIVE_S = 60.0
 """An idle connection older than this is closed instead of reused: servers close theirs
@@ -85,6 +90,9 @@ class Http1Transport(Transport):
         self._waiters: deque[asyncio.Future[Connection | None]] = deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._addresses: list[str] = [self._host] if _is_ip(self._host) else []
+        self._addresses_until = float("inf") if self._addresses else 0.0
+        self._lookup: asyncio.Future[list[str]] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -176,17 +184,27 @@ class Http1Transport(Transport):
             handed.drop()
 
     async def _connect(self, connect_timeout_s: float | None) -> Connection:
-        """Open a connection in a slot already counted in ``_open``."""
+        """Open a connection in a slot already counted in ``_open`` (the name lookup included
+        in ``connect_timeout_s``); the host's addresses are tried in turn."""
         conn = Connection(self)
         try:
             async with asyncio.timeout(connect_timeout_s):
-                await self.loop.create_connection(
-                    lambda: conn,
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._ssl is not None else None,
-                )
+                addresses = await self._resolve()
+                for i, address in enumerate(addresses):
+                    try:
+                        await self.loop.create_connection(
+                            lambda: conn,
+                            address,
+                            self._port,
+                            ssl=self._ssl,
+                            server_hostname=self._host if self._ssl is not None else None,
+                        )
+                        break
+                    except ssl.SSLError:
+                        raise  # the host's certificate or TLS, not this address
+                    except OSError:
+                        if i == len(addresses) - 1:
+                            raise
         except TimeoutError:
             self._free_slot()
             raise aiohttp.ConnectionTimeoutError(
@@ -207,6 +225,32 @@ class Http1Transport(Transport):
             raise
         self._conns.add(conn)
         return conn
+
+    async def _resolve(self) -> list[str]:
+        """The host's addresses, looked up at most once per :data:`DNS_TTL_S` (callers that
+        ask while a lookup runs share it)."""
+        loop = self.loop
+        if loop.time() < self._addresses_until:
+            return self._addresses
+        if self._lookup is None:
+            self._lookup = asyncio.ensure_future(self._look_up())
+            self._lookup.add_done_callback(self._looked_up)
+        return await asyncio.shield(self._lookup)
+
+    async def _look_up(self) -> list[str]:
+        found = await self.loop.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG
+        )
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+        if not addresses:
+            raise socket.gaierror(socket.EAI_NONAME, f"no address for {self._host}")
+        return addresses
+
+    def _looked_up(self, lookup: asyncio.Future[list[str]]) -> None:
+        self._lookup = None
+        if not lookup.cancelled() and lookup.exception() is None:
+            self._addresses = lookup.result()
+            self._addresses_until = self.loop.time() + DNS_TTL_S
 
     def put_idle(self, conn: Connection) -> None:
         """``conn`` finished an answer: to the first caller waiting, else to the idle list."""
@@ -266,6 +310,14 @@ class Http1Transport(Transport):
 def _check_header(line: str) -> None:
     if "\r" in line or "\n" in line:
         raise ValueError(f"a header holds a line break: {line[:80]!r}")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_dns_error(exc: OSError) -> bool:

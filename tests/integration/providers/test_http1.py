@@ -640,3 +640,44 @@ def test_a_large_body_read_slowly_pauses_the_socket_and_arrives_whole() -> None:
             await transport.close()
 
     run(main())
+
+
+def test_a_host_name_is_looked_up_once_for_a_burst_of_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    lookups = 0
+    look_up = Http1Transport._look_up
+
+    async def counted(self: Http1Transport) -> list[str]:
+        nonlocal lookups
+        lookups += 1
+        return await look_up(self)
+
+    monkeypatch.setattr(Http1Transport, "_look_up", counted)
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.read_request(reader)
+                await gate.wait()
+                writer.write(answer(b"{}"))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server:
+            port = server.url.split(":")[2].split("/")[0]
+            transport = Http1Transport(f"http://localhost:{port}/v1", deployment())
+            calls = [asyncio.ensure_future(post(transport)) for _ in range(4)]
+            await asyncio.sleep(0.05)
+            gate.set()
+            assert await asyncio.gather(*calls) == [(200, b"{}")] * 4
+            assert server.connections == 4 and lookups == 1
+            transport._addresses_until = 0.0  # the cached addresses expire
+            more = [post(transport) for _ in range(5)]  # four idle connections and a new one
+            assert await asyncio.gather(*more) == [(200, b"{}")] * 5
+            assert server.connections == 5 and lookups == 2
+            head = server.heads[-1].split(b"\r\n")[1]
+            assert head == f"Host: localhost:{port}".encode()
+            await transport.close()
+
+    run(main())
