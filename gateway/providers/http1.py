@@ -1,4 +1,6 @@
-"""The upstream HTTP call on a plain ``asyncio.Protocol`` and httptools' C parser.
+"""The upstream HTTP call's pool: keep-alive HTTP/1.1 connections
+(:mod:`gateway.providers.http1_connection`, a plain ``asyncio.Protocol`` and httptools' C
+parser) to one base URL.
 
 aiohttp's client spent ~190 µs of CPU per upstream request (bench/README.md, issue #20);
 every upstream call here is the same shape (a JSON POST, an answer read or streamed), so a
@@ -9,6 +11,7 @@ lean HTTP/1.1 client does it in a fraction of that:
 - a connection goes back to the pool only when its answer ended and the server keeps it
   alive; one the server closed (``Connection: close``, EOF, an answer cut short), one left
   mid-answer and one idle for :data:`KEEPALIVE_S` is never used again;
+- a host name's addresses are looked up once per :data:`DNS_TTL_S` and tried in turn;
 - body bytes are handed on as each network read arrives (SSE is never buffered); a
   ``gzip``/``deflate`` body is decompressed, any other ``Content-Encoding`` fails;
 - nothing is retried here (dispatch retries), and failures are aiohttp's exception classes,
