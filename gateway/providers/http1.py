@@ -82,8 +82,9 @@ class Http1Transport(Transport):
         # The request head's fixed part, encoded once; per-call headers are added per request.
         self._host_line = f"Host: {url.netloc.rpartition('@')[2]}"
         lines = [f"{self._host_line}\r\n", *(f"{k}: {v}\r\n" for k, v in self._headers.items())]
-        for line in lines:
-            _check_header(line[:-2])
+        # A policy header with a line break fails each request (as it did with aiohttp), not
+        # the policy load that builds this transport.
+        self._bad_header = next((line for line in lines if "\r" in line[:-2] or "\n" in line[:-2]), None)
         self._static = "".join(lines).encode()
         self._static_names = {k.lower() for k in self._headers} | {"host", "content-length"}
         self._max_connections = deployment.max_connections
@@ -123,6 +124,8 @@ class Http1Transport(Transport):
         return conn.response
 
     def _head(self, endpoint: str, headers: Mapping[str, str], payload: bytes) -> bytes:
+        if self._bad_header is not None:
+            _check_header(self._bad_header[:-2])
         static = self._static
         names = self._static_names
         extra = []

@@ -366,3 +366,12 @@ def test_a_large_body_read_slowly_pauses_the_socket_and_arrives_whole() -> None:
             await transport.close()
 
     run(main())
+
+
+def test_a_policy_header_with_a_line_break_fails_each_request_not_the_load() -> None:
+    async def main() -> None:
+        transport = Http1Transport("http://127.0.0.1:9/v1", deployment(', headers: {X-Bad: "a\\nb"}'))
+        with pytest.raises(ValueError, match="line break"):
+            await transport.send("/x", {}, headers={}, connect_timeout_s=1)
+
+    run(main())
