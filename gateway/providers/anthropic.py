@@ -22,7 +22,8 @@ from gateway.dialects.anthropic_response import MessagesStreamScanner, openai_er
 from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
-from gateway.providers.transport import HttpTransport, Transport, TransportResponse
+from gateway.providers.clients import http_transport
+from gateway.providers.transport import Transport, TransportResponse
 from gateway.shaping.breakpoints import place_breakpoints, split_stable_system
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class AnthropicProvider(Provider):
                 headers["x-api-key"] = key
             # The key goes in x-api-key, never in an Authorization header.
             keyed = deployment.model_copy(update={"api_key_env": None, "headers": headers})
-            transport = HttpTransport(deployment.base_url, keyed)
+            transport = http_transport(deployment.base_url, keyed)
         super().__init__(name, deployment, transport)
 
     @property

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.dispatch.failures import http_failure
-from gateway.providers.transport import HttpTransport, Transport, TransportResponse
+from gateway.providers.clients import http_transport
+from gateway.providers.transport import Transport, TransportResponse
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
@@ -107,7 +108,7 @@ class Provider(ABC):
         self.deployment = deployment
         self.upstream_model = deployment.model or name
         self.transport = (
-            transport if transport is not None else HttpTransport(deployment.base_url, deployment)
+            transport if transport is not None else http_transport(deployment.base_url, deployment)
         )
 
     @classmethod

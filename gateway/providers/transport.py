@@ -1,8 +1,10 @@
 """The HTTP call itself: a :class:`Transport` sends one JSON body and returns at headers.
 
-The only module here that knows aiohttp's client. A provider adapter owns a transport;
-tests give it a :class:`~gateway.providers.mock.MockTransport` instead, so everything
-above the socket (attempts, retries, hedging, circuits) runs without a network.
+A provider adapter owns a transport, made by :func:`gateway.providers.clients.http_transport`:
+the lean HTTP/1.1 client of :mod:`gateway.providers.http1` by default, or :class:`HttpTransport`
+here (aiohttp's client) when ``SWITCHYARD_UPSTREAM_CLIENT=aiohttp``. Tests give an adapter a
+:class:`~gateway.providers.mock.MockTransport` instead, so everything above the socket
+(attempts, retries, hedging, circuits) runs without a network.
 """
 
 from __future__ import annotations
@@ -98,21 +100,23 @@ class _Response(TransportResponse):
         self._resp.release()
 
 
-class HttpTransport(Transport):
-    """One pooled, keep-alive ``ClientSession`` per deployment (or replica).
+def static_headers(deployment: Deployment) -> dict[str, str]:
+    """The headers every request to ``deployment`` carries: JSON, its own ``headers``, and
+    the key its ``api_key_env`` names (read once, only ever sent as ``Authorization``)."""
+    headers = {"Content-Type": "application/json", **deployment.headers}
+    key = os.environ.get(deployment.api_key_env) if deployment.api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
 
-    The API key is read once from the environment variable the policy names and is
-    only ever put in the ``Authorization`` header.
-    """
+
+class HttpTransport(Transport):
+    """One pooled, keep-alive aiohttp ``ClientSession`` per deployment (or replica)."""
 
     def __init__(self, base_url: str, deployment: Deployment) -> None:
         self._base_url = base_url
         self._max_connections = deployment.max_connections
-        headers = {"Content-Type": "application/json", **deployment.headers}
-        key = os.environ.get(deployment.api_key_env) if deployment.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._headers = headers
+        self._headers = static_headers(deployment)
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
 

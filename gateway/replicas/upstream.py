@@ -24,7 +24,8 @@ from gateway.cachestats.prefix import GEOMETRY
 from gateway.errors import UpstreamUnavailableError
 from gateway.policy import Deployment
 from gateway.providers.base import Provider
-from gateway.providers.transport import HttpTransport, TransportResponse
+from gateway.providers.clients import http_transport
+from gateway.providers.transport import Transport, TransportResponse
 from gateway.providers.vllm import VllmProvider
 from gateway.replicas.affinity import HashRing, affinity_key, choose
 from gateway.replicas.policy import DEFAULT_REPLICAS, ReplicaSetPolicy, replica_urls
@@ -71,7 +72,7 @@ class ReplicaEndpoint:
         "spilled",
     )
 
-    def __init__(self, index: int, base_url: str, client: HttpTransport) -> None:
+    def __init__(self, index: int, base_url: str, client: Transport) -> None:
         self.index = index
         self.base_url = base_url
         self.client = client
@@ -181,7 +182,7 @@ class ReplicaSetUpstream(VllmProvider):
         self.policy: ReplicaSetPolicy = deployment.replicas or DEFAULT_REPLICAS
         urls = replica_urls(deployment)
         self.replicas = [
-            ReplicaEndpoint(i, url, HttpTransport(url, deployment)) for i, url in enumerate(urls)
+            ReplicaEndpoint(i, url, http_transport(url, deployment)) for i, url in enumerate(urls)
         ]
         self.ring = HashRing(urls)
         self._ties = itertools.count()
