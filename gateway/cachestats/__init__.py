@@ -128,23 +128,10 @@ class Accounting:
                     "moves": shape.moves,
                 }
             )
-
-            def push_moves(pipe: Any) -> None:
-                pipe.lpush(MOVES_KEY, moved)
-                pipe.ltrim(MOVES_KEY, 0, MOVES_KEPT - 1)
-                pipe.expire(MOVES_KEY, RETENTION_S)
-
-            self._writer.add(push_moves)
+            self._writer.push(MOVES_KEY, moved, MOVES_KEPT, RETENTION_S)
         if shape.segments and template != NO_KEY:
             signature = orjson.dumps(shape.segments)
-            sig_key = _signatures_key(template)
-
-            def push(pipe: Any) -> None:
-                pipe.lpush(sig_key, signature)
-                pipe.ltrim(sig_key, 0, SIGNATURES_KEPT - 1)
-                pipe.expire(sig_key, RETENTION_S)
-
-            self._writer.add(push)
+            self._writer.push(_signatures_key(template), signature, SIGNATURES_KEPT, RETENTION_S)
         if done.prefix_chain and done.status < 400:
             if len(self._pending) >= self._slots:
                 self.expectations_dropped += 1
