@@ -66,16 +66,15 @@ def _continued(
     from it in a few values of equal length: a time, an id, a name), those checkpoints
     follow from ``old``'s without hashing the bytes again (:func:`_shifted`)."""
     reused = min(common_bytes // step, len(known))
-    if not reused:
-        return _chain(text, step, seed)
-    start = reused * step
     top = min(len(text), len(old) if old is not None else 0) // step
     top = min(top, len(known))
     if top - reused <= _MIN_RUN:
-        return [*known[:reused], *_chain(memoryview(text)[start:], step, known[reused - 1])]
+        if not reused:
+            return _chain(text, step, seed)
+        return [*known[:reused], *_chain(memoryview(text)[reused * step :], step, known[reused - 1])]
     assert old is not None  # top is 0 without it
     out = known[:reused]
-    crc = out[-1]
+    crc = out[-1] if out else seed
     view = memoryview(old)
     i, misses = reused, 0
     while i < top and misses < _MAX_MISSES:
@@ -83,7 +82,7 @@ def _continued(
         if text.startswith(view[at : at + step], at):
             run = _common_steps(text, old, i, step, top) - i
             if run >= _MIN_RUN:
-                out += _shifted(known, i, run, crc ^ known[i - 1], step)
+                out += _shifted(known, i, run, crc ^ (known[i - 1] if i else seed), step)
                 crc = out[-1]
                 i += run
                 continue
@@ -216,7 +215,11 @@ class _Recent:
     """The last prompts rendered and their chains (a few, the most recent first). A template's
     requests share their start (tools, the shaped system prompt, the history), so a prompt is
     compared with them (a few ``startswith`` over memory, no hashing) and only the bytes after
-    the longest common start are hashed: the cost follows what is new, not the prompt's length."""
+    the longest common start are hashed: the cost follows what is new, not the prompt's length.
+    After the common start, the stretches where the prompt has the very bytes of the one it
+    is compared with, at the same places, are not hashed either (see :func:`_continued`): a
+    new conversation's prompt differs from the last in a few values (a time, a name) and
+    its newest turn."""
 
     KEPT = 8
     KEPT_MAX_BYTES = 1 << 22  # a longer prompt is not kept (eight of them stay a few MB at most)
@@ -259,6 +262,12 @@ class _Recent:
                     break
             if probed == self.PROBED:
                 break
+        if best is None:
+            # None starts alike (a value that changed in the first checkpoint): the most recent
+            # one may still have the same bytes after it, at the same places.
+            recent = next((entry for entry in self._entries if entry[0] == seed), None)
+            if recent is not None:
+                best_text, best = recent[1], recent[2]
         chain = PrefixChain(text, seed, best, best_common, best_text)
         if len(text) <= self.KEPT_MAX_BYTES:
             entries = self._entries
