@@ -200,7 +200,8 @@ class ConversationMemo:
     ) -> None:
         """Keep what :meth:`_replayed` needs for the conversation's next request."""
         replays = self._replays
-        clean = layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
+        # Nothing moved (a conversation's first request, mostly): clean without a look.
+        clean = not layout.moved or layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
         if key not in replays and len(replays) >= _REPLAYS_KEPT:
             del replays[next(iter(replays))]  # the oldest
         replays[key] = _Replay(layout, hashes, moving, clean, stable_idx, stable)
