@@ -80,7 +80,7 @@ def _continued(
     while i < top and misses < _MAX_MISSES:
         at = i * step
         if text.startswith(view[at : at + step], at):
-            run = _common_steps(text, old, i, step, top) - i
+            run = min(_common_steps(text, old, i, step, top) - i, _MAX_CARRIED)
             if run >= _MIN_RUN:
                 out += _shifted(known, i, run, crc ^ (known[i - 1] if i else seed), step)
                 crc = out[-1]
@@ -100,6 +100,9 @@ _MIN_RUN = 4
 about as much as a few CRCs)."""
 _MAX_MISSES = 8
 """Steps differing from the old prompt's before the rest is hashed without looking further."""
+_MAX_CARRIED = 2048
+"""Steps a difference is carried over at once (a longer equal stretch takes a few): bounds
+:func:`_columns`' tables, 128 integers of this many 32-bit values per step size (1 MB)."""
 _U32 = "I" if array("I").itemsize == 4 else "L"
 _COLUMNS: dict[int, tuple[int, list[int]]] = {}
 
@@ -112,7 +115,7 @@ def _columns(step: int, steps: int) -> list[int]:
     held = _COLUMNS.get(step)
     if held is not None and held[0] >= steps:
         return held[1]
-    have = max(steps, 2 * held[0] if held is not None else 128)
+    have = min(max(steps, 2 * held[0] if held is not None else 128), _MAX_CARRIED)
     zeros = bytes(step)
     offset = zlib.crc32(zeros, 0)
     bits = []
