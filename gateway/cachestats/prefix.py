@@ -95,9 +95,10 @@ def _continued(
     return out
 
 
-_MIN_RUN = 4
-"""An equal stretch of fewer steps than this is hashed (carrying a difference over it costs
-about as much as a few CRCs)."""
+_MIN_RUN = 32
+"""An equal stretch of fewer steps than this is hashed. Carrying a difference costs a few
+microseconds whatever the length, hashing ~0.35 µs a step; measured in the bench, carrying
+it over the 20 equal steps of a 16 KB prompt made a request slower, not faster."""
 _MAX_MISSES = 8
 """Steps differing from the old prompt's before the rest is hashed without looking further."""
 _MAX_CARRIED = 2048

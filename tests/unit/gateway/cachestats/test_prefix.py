@@ -113,7 +113,7 @@ def test_a_chain_reused_from_a_recent_prompt_equals_one_computed_afresh(
     st.lists(
         st.tuples(
             st.integers(0, 3),
-            st.lists(st.tuples(st.integers(0, 9000), st.binary(min_size=1, max_size=12)), max_size=4),
+            st.lists(st.tuples(st.integers(0, 30_000), st.binary(min_size=1, max_size=12)), max_size=4),
             st.integers(-600, 600),
         ),
         min_size=1,
@@ -128,7 +128,7 @@ def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
     # anywhere, then in their end: the checkpoints carried over the equal bytes between the
     # values (not hashed again) are exactly the chain of the whole prompt.
     recent = _Recent()
-    texts = [bytes(range(256)) * 40]  # 10,240 bytes, no step repeating another
+    texts = [bytes(range(256)) * 120]  # 30,720 bytes (60 steps), no step repeating another
     for base, values, end in edits:
         text = bytearray(texts[min(base, len(texts) - 1)])
         for at, value in values:
