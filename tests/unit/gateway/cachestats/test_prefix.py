@@ -140,3 +140,18 @@ def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
             assert chain.fine == _chain(text, FINE_BYTES, 0)
         assert list(chain) == _chain(text, CHECKPOINT_BYTES, 0)
         assert chain.fine == _chain(text, FINE_BYTES, 0)
+
+
+def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> None:
+    # Differences every step, every 20 (stretches too short to carry a difference over),
+    # every 40 and every 100 (long enough): the chain is the whole prompt's either way.
+    base = bytes(range(256)) * 400  # 200 steps
+    for every in (1, 20, 40, 100):
+        text = bytearray(base)
+        for step in range(1, 200, every):
+            text[step * CHECKPOINT_BYTES + 7] ^= 1
+        recent = _Recent()
+        recent.chain(base, 0)
+        chain = recent.chain(bytes(text), 0)
+        assert list(chain) == _chain(bytes(text), CHECKPOINT_BYTES, 0)
+        assert chain.fine == _chain(bytes(text), FINE_BYTES, 0)
