@@ -28,7 +28,9 @@ For each it prints the simulator-reported cached-token share (``cached_tokens`` 
 ``prompt_tokens`` of the streamed answers' usage) and TTFT p50 (the simulator's prefill
 costs ``--prefill-ms-per-1k`` per 1,000 uncached tokens). Then shaping's cost per request
 (shaper, stability model, checkpoint chain) for a 4,200-token prompt whose system message
-has 40 or 130 lines: median and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of
+has 40 or 130 lines and for a 12,500-token agent prompt of 556 lines, each in three traffic
+patterns (one conversation, 50 interleaved, a new conversation on every request): median
+and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of
 ``ideal`` for a workload.
 """
 
@@ -500,12 +502,27 @@ def agent_system_prompt(lines: int = 556) -> str:
     return "\n".join([*out[: lines - 1], "Answer in the user's language."])
 
 
-def shaping_cost(system_lines: int, runs: int = 2000, agent: bool = False) -> dict[str, float]:
+PATTERNS = {
+    "one conversation": lambda i: 0,
+    "50 interleaved": lambda i: i % 50,
+    "new conversation each request": lambda i: i,
+}
+"""How the cost bench's requests belong to conversations: request ``i``'s conversation."""
+
+
+def shaping_cost(
+    system_lines: int, runs: int = 2000, agent: bool = False, pattern: str = "one conversation"
+) -> dict[str, Any]:
     """PolicyShaper + stability model + checkpoint chain for a 4,200-token prompt whose system
     message has ``system_lines`` lines (the rest is conversation), per request: CPU time
     of the measuring thread, so other load on the machine does not count. With ``agent``,
     the system message is :func:`agent_system_prompt` (a real-size agent prompt, ~12k
-    tokens at 556 lines) with the time changing on every request."""
+    tokens at 556 lines) with the time changing on every request.
+
+    ``pattern`` (see :data:`PATTERNS`) says which conversation each request belongs to: one
+    conversation throughout, 50 conversations taking turns, or a new one on every request.
+    A conversation has its user's name in the system prompt (50 users) and its own first
+    user message; every request ends with a new user message."""
     from redis.asyncio import Redis
 
     from gateway.cachestats.prefix import checkpoints
@@ -525,22 +542,25 @@ def shaping_cost(system_lines: int, runs: int = 2000, agent: bool = False) -> di
         "model": "fast",
         "messages": [
             {"role": "system", "content": system},
-            {"role": "user", "content": history},
+            {"role": "user", "content": "Ticket CONVERSATION. " + history},
             {"role": "assistant", "content": "hi"},
-            {"role": "user", "content": "Where is my order?"},
+            {"role": "user", "content": "NEWEST"},
         ],
         "tools": _tools(random.Random(1))[:3],
     }
     raw = orjson.dumps(body)
+    conversation_of = PATTERNS[pattern]
     shaper = PolicyShaper(ShapingPolicy())
     stability = StabilityModel()
     writer = StatsWriter(Redis())  # never flushed: counters stay in memory
     times = []
     for i in range(runs):
+        conversation = conversation_of(i)
         fresh = orjson.loads(
-            raw.replace(b"Ana Lopez", f"Name {i % 50:02d}".encode()).replace(
-                b"{now}", f"10:{i % 3600:04d}".encode()
-            )
+            raw.replace(b"Ana Lopez", f"Name {conversation % 50:02d}".encode())
+            .replace(b"{now}", f"10:{i % 3600:04d}".encode())
+            .replace(b"CONVERSATION", str(conversation).encode())
+            .replace(b"NEWEST", f"Any news? This is my message {i}, sent at 10:{i % 3600:04d}.".encode())
         )
         started = time.thread_time()
         shaper.shape(fresh, stability, writer)
@@ -551,10 +571,20 @@ def shaping_cost(system_lines: int, runs: int = 2000, agent: bool = False) -> di
     return {
         "system": "agent" if agent else "rules",
         "system_lines": system_lines,
+        "pattern": pattern,
         "prompt_tokens": tokens,
         "median_us": 1e6 * times[len(times) // 2],
         "p99_us": 1e6 * times[int(len(times) * 0.99)],
     }
+
+
+def shaping_costs() -> list[dict[str, Any]]:
+    """:func:`shaping_cost` for the three prompts, each in the three traffic patterns."""
+    return [
+        shaping_cost(lines, agent=agent, pattern=pattern)
+        for lines, agent in ((40, False), (130, False), (556, True))
+        for pattern in PATTERNS
+    ]
 
 
 def _corpus_table(results: dict[str, Any]) -> bool:
@@ -604,14 +634,17 @@ def _cost_ab(baseline: Path, rounds: int) -> int:
                 subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
                 runs[name].append(json.loads(Path(out.name).read_text())["cost"])
     costs = runs["this"][0]
-    cases = [f"{c['system_lines']} lines, {c['prompt_tokens']:,} tokens" for c in costs]
+    cases = [
+        f"{c['system_lines']} lines, {c['prompt_tokens']:,} tokens, {c.get('pattern', 'one conversation')}"
+        for c in costs
+    ]
 
     def span(name: str, case: int, key: str) -> str:
         values = [run[case][key] for run in runs[name]]
         low, high = round(min(values)), round(max(values))
         return f"{low} µs" if low == high else f"{low}-{high} µs"
 
-    print(f"| system prompt | baseline ({baseline}) median | p99 | this checkout median | p99 |")
+    print(f"| system prompt, traffic | baseline ({baseline}) median | p99 | this checkout median | p99 |")
     print("|---|---|---|---|---|")
     for i, case in enumerate(cases):
         print(
@@ -643,7 +676,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     if not args.cost_only:
         results["workloads"] = run_matrix(args)
-    results["cost"] = costs = [shaping_cost(40), shaping_cost(130), shaping_cost(556, agent=True)]
+    results["cost"] = costs = shaping_costs()
     failed = False
     if not args.cost_only:
         print(
@@ -668,7 +701,7 @@ def main() -> int:
     for cost in costs:
         print(
             f"shaping cost, {cost['prompt_tokens']:,}-token prompt, {cost['system_lines']} system lines "
-            f"({cost['system']}): "
+            f"({cost['system']}), {cost['pattern']}: "
             f"median {cost['median_us']:.0f} µs, p99 {cost['p99_us']:.0f} µs"
         )
     if args.json:

@@ -106,3 +106,52 @@ def test_a_chain_reused_from_a_recent_prompt_equals_one_computed_afresh(
         assert list(chain) == _chain(text, CHECKPOINT_BYTES, seed)
         assert chain.fine == _chain(text, FINE_BYTES, seed)
         assert chain.prompt_bytes == len(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.lists(st.tuples(st.integers(0, 30_000), st.binary(min_size=1, max_size=12)), max_size=4),
+            st.integers(-600, 600),
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.booleans(),
+)
+def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
+    edits: list[tuple[int, list[tuple[int, bytes]], int]], fine_first: bool
+) -> None:
+    # Prompts that differ from a recent one in a few values of equal length (a time, a name)
+    # anywhere, then in their end: the checkpoints carried over the equal bytes between the
+    # values (not hashed again) are exactly the chain of the whole prompt.
+    recent = _Recent()
+    texts = [bytes(range(256)) * 120]  # 30,720 bytes (60 steps), no step repeating another
+    for base, values, end in edits:
+        text = bytearray(texts[min(base, len(texts) - 1)])
+        for at, value in values:
+            text[at : at + len(value)] = value[: max(0, len(text) - at)]
+        text = bytes(text[: len(text) + end] if end < 0 else text + bytes(end))
+        texts.append(text)
+        chain = recent.chain(text, 0)
+        if fine_first:
+            assert chain.fine == _chain(text, FINE_BYTES, 0)
+        assert list(chain) == _chain(text, CHECKPOINT_BYTES, 0)
+        assert chain.fine == _chain(text, FINE_BYTES, 0)
+
+
+def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> None:
+    # Differences every step, every 20 (stretches too short to carry a difference over),
+    # every 40 and every 100 (long enough): the chain is the whole prompt's either way.
+    base = bytes(range(256)) * 400  # 200 steps
+    for every in (1, 20, 40, 100):
+        text = bytearray(base)
+        for step in range(1, 200, every):
+            text[step * CHECKPOINT_BYTES + 7] ^= 1
+        recent = _Recent()
+        recent.chain(base, 0)
+        chain = recent.chain(bytes(text), 0)
+        assert list(chain) == _chain(bytes(text), CHECKPOINT_BYTES, 0)
+        assert chain.fine == _chain(bytes(text), FINE_BYTES, 0)

@@ -1,0 +1,207 @@
+"""What shaping remembers per conversation: the layout of its last request's head (what moved,
+what stayed), and the replay that decides a conversation's next request at the cost of the
+units that changed since."""
+
+from __future__ import annotations
+
+from itertools import compress
+from operator import is_not
+from typing import Any, NamedTuple
+
+from gateway.shaping.body import _first_user, _has_history
+from gateway.shaping.heads import Head
+from gateway.shaping.policy import ShapingPolicy
+from gateway.shaping.stability import StabilityModel
+from gateway.shaping.volatile import line_hash
+from gateway.store.writer import StatsWriter
+
+_FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
+# Conversations whose last request's head is kept (with its stable text: as many as the
+# head reader keeps heads, gateway.shaping.heads).
+_REPLAYS_KEPT = 512
+_REPLAY_MAX_CHANGED = 16  # more units changed than this: decide afresh
+
+
+class _Layout(NamedTuple):
+    """A conversation's last request's head: the hashes of the units that moved, and of those
+    that stayed (concatenated, 8 characters each: a string costs less than a set). A tuple:
+    one is made per request, and a frozen dataclass costs a call per field."""
+
+    moved: frozenset[str]
+    stable: str
+
+
+class _Replay(NamedTuple):
+    """A conversation's last request's head as :meth:`PolicyShaper._replayed` reads it: the
+    layout it left, its units' hashes and which of them moved (a tuple, like :class:`_Layout`)."""
+
+    layout: _Layout
+    hashes: list[str]
+    moving: list[bool]
+    clean: bool
+    """No hash both moved and stayed (then a hash says where its unit was)."""
+    stable_idx: list[int]
+    """The units that stayed (shared with the placement's memo: the same list, the same units)."""
+    stable: tuple[str, str, bytes, bool]
+    """Their text, hashes, hashes as bytes and whether any is not blank."""
+
+
+def _has_hash(joined: str, h: str) -> bool:
+    """Whether ``h`` is one of the 8-character hashes concatenated in ``joined``."""
+    at = joined.find(h)
+    while at >= 0:
+        if at % 8 == 0:
+            return True
+        at = joined.find(h, at + 1)
+    return False
+
+
+class ConversationMemo:
+    """:class:`~gateway.shaping.shaper.PolicyShaper`'s memory of conversations under way (a
+    mixin: the shaper holds its state)."""
+
+    policy: ShapingPolicy
+    _conversations: dict[str, _Layout]
+    _first_users: list[tuple[str, str]]
+    _replays: dict[str, _Replay]
+
+    def _late(
+        self,
+        messages: list[Any],
+        at: int,
+        previous: _Layout | None,
+        hashes: list[str],
+        moving: list[bool],
+        detected: list[bool],
+    ) -> list[bool]:
+        """Per unit, whether it goes into a system message at ``at`` (before the newest user
+        turn, or after the last tool result) rather than to the end of the system message: only
+        what changes *within* a conversation pays to go there (a per-session value there
+        pushes the previous turn out of the reusable prefix).
+
+        A unit the conversation's previous request had too is per-session (end of the system
+        message); one it did not is per-request (before the newest user turn). In a
+        conversation not seen before, what a detector found (a time, an id) is taken as
+        per-request and what the learned model found (a name, a directory) as per-session
+        (at the end of the system message it is cached for the rest of the conversation; after
+        the newest turn it would be sent anew each turn)."""
+        if at < 0 or not _has_history(messages, at):
+            # A first turn (not yet an agent step) has no history to keep reusable: the end of
+            # the system message is as good, and the next turn finds it there.
+            return [False] * len(moving)
+        late = [False] * len(moving)
+        moved = previous.moved if previous is not None else None
+        for i in compress(range(len(moving)), moving):
+            late[i] = detected[i] if moved is None else hashes[i] not in moved
+        return late
+
+    def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
+        """The conversation's key (its template and first user message) and what its previous
+        request's head looked like."""
+        key = self._conversation_key(messages, template)
+        return key, (self._conversations.get(key) if key else None)
+
+    def _conversation_key(self, messages: list[Any], template: str) -> str:
+        """A conversation's key: its template and first user message ("" when it has none). The
+        first user message is often long (a pasted file, a document) and the same from one
+        request of a conversation to the next: its hash is remembered for the last few (a
+        string compare instead of a hash over all of it)."""
+        raw = _first_user(messages)
+        if raw is None:
+            return ""
+        memo = self._first_users
+        for i, (seen, h) in enumerate(memo):
+            if seen == raw:
+                if i:
+                    memo.insert(0, memo.pop(i))
+                return f"{template}:{h}"
+        h = line_hash(raw)
+        memo.insert(0, (raw, h))
+        del memo[_FIRST_USERS_KEPT:]
+        return f"{template}:{h}"
+
+    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> _Layout:
+        if len(self._conversations) > 5_000:
+            self._conversations.clear()
+        layout = self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+        return layout
+
+    def _replayed(
+        self,
+        key: str,
+        previous: _Layout,
+        template: str,
+        read: Head,
+        stability: StabilityModel | None,
+        writer: StatsWriter | None,
+        messages: list[Any],
+        at: int,
+    ) -> tuple[_Replay, list[int], list[bool], list[bool]] | None:
+        """What :meth:`_decided` would find moving and late, at the cost of what changed since
+        the conversation's previous request (None: decide afresh); also that request's
+        replay and the units that changed since.
+
+        Within a conversation a unit whose hash the previous request had keeps the place it
+        had there, whatever its verdict: it moved (its hash is in the layout's moved set) and
+        moves again, to the end of the system message, or it stayed (its hash is in the
+        stable part) and stays. So only the units whose hash is new (by identity: a head read
+        against the last one shares the strings of the units it did not read again) are
+        decided; the others are the previous request's. This holds when no hash both moved
+        and stayed there (``clean``) and the head has no retrieval block, nesting or
+        ambiguity (checked by the caller)."""
+        replay = self._replays.get(key)
+        hashes = read.hashes
+        if (
+            replay is None
+            or replay.layout is not previous
+            or not replay.clean
+            or len(replay.hashes) != len(hashes)
+        ):
+            return None
+        changed = list(compress(range(len(hashes)), map(is_not, hashes, replay.hashes)))
+        if len(changed) > _REPLAY_MAX_CHANGED:
+            return None
+        policy = self.policy
+        learned: list[bool | None] | None = None
+        if stability is not None and policy.learn:
+            new = [hashes[i] for i in changed]
+            learned = stability.verdicts(template, new, policy.learn_min_requests, policy.stable_share)
+            stability.observe(template, hashes, writer)
+            if learned and learned[0] is None:  # not known yet: the detectors decide
+                learned = None
+        moving = list(replay.moving)
+        late = [False] * len(hashes)
+        moved, stable_before = previous.moved, previous.stable
+        # Per-request content goes late only after an answer (see :meth:`_late`).
+        late_ok = at >= 0 and _has_history(messages, at)
+        texts, detected = read.texts, read.detected
+        for n, i in enumerate(changed):
+            h = hashes[i]
+            verdict = learned[n] if learned is not None else None
+            # As _moving decides: the detectors until the counts are known, else the counts
+            # (a blank unit carries nothing that varies).
+            unit_moves = detected[i] if verdict is None else not verdict and bool(texts[i].strip())
+            if h in moved:
+                unit_moves = True
+            elif unit_moves and _has_hash(stable_before, h):
+                unit_moves = False
+            moving[i] = unit_moves
+            late[i] = unit_moves and late_ok and h not in moved
+        return replay, changed, moving, late
+
+    def _keep_replay(
+        self,
+        key: str,
+        layout: _Layout,
+        hashes: list[str],
+        moving: list[bool],
+        stable_idx: list[int],
+        stable: tuple[str, str, bytes, bool],
+    ) -> None:
+        """Keep what :meth:`_replayed` needs for the conversation's next request."""
+        replays = self._replays
+        # Nothing moved (a conversation's first request, mostly): clean without a look.
+        clean = not layout.moved or layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
+        if key not in replays and len(replays) >= _REPLAYS_KEPT:
+            del replays[next(iter(replays))]  # the oldest
+        replays[key] = _Replay(layout, hashes, moving, clean, stable_idx, stable)
