@@ -338,7 +338,9 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
             # again (every unit that changed moves): their text is the one joined then.
             stable = replay.stable
         else:
-            stable = self._stable(result.template, stable_idx, texts, hashes)
+            # Every unit stays (nothing moves, as on most first turns): their text is the head's.
+            whole = content if len(stable_idx) == len(texts) else None
+            stable = self._stable(result.template, stable_idx, texts, hashes, whole)
         stable_text, stable_hashes, stable_key, has_stable = stable
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
@@ -418,13 +420,23 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
         return self._placed(units, lines, texts, moving, late, rag, rag_kept)
 
     def _stable(
-        self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
+        self,
+        template: str,
+        stable_idx: list[int],
+        texts: list[str],
+        hashes: list[str],
+        whole: str | None = None,
     ) -> tuple[str, str, bytes, bool]:
         """The stable units' text (joined by lines), their hashes (concatenated, and as bytes)
         and whether any of them is not blank. A template's requests mostly keep the same units
         in the head (what changed moved out): the last answer per template is kept and
         reused when the units are the very same strings (an identity compare per unit, no
-        join over the whole head)."""
+        join over the whole head). ``whole``: the head's text, when every unit stays
+        (``stable_idx`` is all of them, in order: units are whole lines, and their texts
+        joined by lines are the head's)."""
+        if whole is not None:
+            joined = "".join(hashes)
+            return whole, joined, joined.encode(), any(map(str.strip, texts))
         unit_texts = list(map(texts.__getitem__, stable_idx))
         unit_hashes = list(map(hashes.__getitem__, stable_idx))
         memo = self._stable_memo.get(template)
