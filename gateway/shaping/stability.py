@@ -96,7 +96,7 @@ class StabilityModel:
         lines = counts.lines
         # One more for each, at C speed (no Python frame per line): each pair's count is read
         # before it is written, and the hashes are distinct.
-        lines.update(zip(distinct, map(add, map(lines.get, distinct, repeat(0)), repeat(1))))
+        lines.update(zip(distinct, map(add, map(lines.get, distinct, repeat(0)), repeat(1)), strict=True))
         if counts.n > 10_000:  # without Redis nothing else ages the counts
             counts.n //= 2
             counts.lines = {h: c // 2 for h, c in counts.lines.items() if c > 1}
