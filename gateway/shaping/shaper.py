@@ -93,6 +93,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         self._replays: dict[str, _Replay] = {}
         # Per template, its last first request's decision (gateway.shaping.decide).
         self._firsts: dict[str, _First] = {}
+        self._kinds: dict[int, tuple[list[Unit], dict[int, str]]] = {}  # per segmentation, its units' kinds
         # Per template, its last head's stable units (their strings) and what they join to.
         self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
         # Per template, the last head signed: its text, lines, segment per line and segments.
