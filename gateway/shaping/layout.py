@@ -49,6 +49,7 @@ class UnitPlacement:
 
     _whole: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[Unit], bool]]
     _placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]]
+    _kinds: dict[int, tuple[list[Unit], dict[int, str]]]
 
     def _placed(
         self,
@@ -142,13 +143,27 @@ class UnitPlacement:
                 why = "same within the conversation"
             else:
                 why = "first turn"
-            moves += [(_unit_kind(units[i], lines), why, "end") for i in end_idx]
+            moves += [(self._kind(units, lines, i), why, "end") for i in end_idx]
         for i in late_idx:
             if i == rag_unit:
                 moves.append(("retrieved", "retrieved anew", result.late_at))
             else:
-                moves.append((_unit_kind(units[i], lines), "changes within the conversation", result.late_at))
+                moves.append((self._kind(units, lines, i), "changes within the conversation", result.late_at))
         return moves
+
+    def _kind(self, units: list[Unit], lines: list[str], i: int) -> str:
+        """:func:`_unit_kind` of unit ``i``, memoized by the segmentation: what it reads of the
+        lines (their kinds) is part of their shapes, and ``units`` is shared by every text of
+        the same line shapes (:func:`~gateway.shaping.units.segment_cached`)."""
+        memo = self._kinds.get(id(units))
+        if memo is None or memo[0] is not units:
+            if len(self._kinds) > 1024:
+                self._kinds.clear()
+            memo = self._kinds[id(units)] = (units, {})
+        kind = memo[1].get(i)
+        if kind is None:
+            kind = memo[1][i] = _unit_kind(units[i], lines)
+        return kind
 
 
 def _place(

@@ -22,10 +22,7 @@ request body) and :mod:`~gateway.shaping.result` (what shaping did).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import not_
 from typing import Any
 
 import orjson
@@ -39,11 +36,12 @@ from gateway.shaping.body import (
     _tool_name,
 )
 from gateway.shaping.canonical import canonical_wrapper
-from gateway.shaping.heads import Head, HeadReader
-from gateway.shaping.layout import UnitPlacement, _Placed
+from gateway.shaping.decide import Decisions, _First
+from gateway.shaping.heads import HeadReader
+from gateway.shaping.layout import _Placed
 from gateway.shaping.placement import Placements
 from gateway.shaping.policy import ShapingPolicy
-from gateway.shaping.replay import ConversationMemo, _has_hash, _Layout, _Replay
+from gateway.shaping.replay import _Layout, _Replay
 from gateway.shaping.result import REASONS, ShapeResult
 from gateway.shaping.signature import _STABLE_MAX_CHARS, HeadSignatures
 from gateway.shaping.stability import StabilityModel
@@ -72,7 +70,7 @@ class _ShapedTools:
     """Their JSON with sorted keys (for the prefix hash and its token count)."""
 
 
-class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
+class PolicyShaper(Decisions, HeadSignatures):
     """The shaping one policy asks for, its detectors compiled once (a loaded policy's snapshot
     holds one). What shaping learns across requests and policies lives in
     :class:`~gateway.shaping.service.ShapingState`."""
@@ -93,6 +91,9 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
         self._placements: dict[tuple[int, bytes, bytes, int, int], tuple[list[Unit], _Placed]] = {}
         # Per conversation, its last request's head (read against it, see _replayed).
         self._replays: dict[str, _Replay] = {}
+        # Per template, its last first request's decision (gateway.shaping.decide).
+        self._firsts: dict[str, _First] = {}
+        self._kinds: dict[int, tuple[list[Unit], dict[int, str]]] = {}  # per segmentation, its units' kinds
         # Per template, its last head's stable units (their strings) and what they join to.
         self._stable_memo: dict[str, tuple[list[str], list[str], tuple[str, str, bytes, bool]]] = {}
         # Per template, the last head signed: its text, lines, segment per line and segments.
@@ -277,30 +278,6 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
             head["content"] = shaped
         return stable_key
 
-    def _moving(
-        self,
-        template: str,
-        texts: Sequence[str | None],
-        detected: list[bool],
-        hashes: list[str],
-        stability: StabilityModel | None,
-        writer: StatsWriter | None,
-    ) -> list[bool]:
-        """Per unit, whether it is volatile: a detector fires, or the counts of its template
-        say it varies; blank units and non-text parts carry nothing that varies: they stay."""
-        policy = self.policy
-        if stability is None or not policy.learn:
-            return list(detected)  # a copy: the caller changes it, the head's list is shared
-        learned = stability.verdicts(template, hashes, policy.learn_min_requests, policy.stable_share)
-        stability.observe(template, hashes, writer)
-        if not learned or learned[0] is None:  # not known yet: for all of them, or none
-            return list(detected)
-        moving = list(map(not_, learned))
-        for i in list(compress(range(len(moving)), moving)):  # the few the counts find volatile
-            text = texts[i]
-            moving[i] = text is not None and bool(text.strip())
-        return moving
-
     def _shape_text(
         self,
         messages: list[Any],
@@ -338,7 +315,9 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
             # again (every unit that changed moves): their text is the one joined then.
             stable = replay.stable
         else:
-            stable = self._stable(result.template, stable_idx, texts, hashes)
+            # Every unit stays (nothing moves, as on most first turns): their text is the head's.
+            whole = content if len(stable_idx) == len(texts) else None
+            stable = self._stable(result.template, stable_idx, texts, hashes, whole)
         stable_text, stable_hashes, stable_key, has_stable = stable
         if key:
             # The retrieval block, wherever it stays, is known by its element lines.
@@ -371,60 +350,24 @@ class PolicyShaper(UnitPlacement, ConversationMemo, HeadSignatures):
         result.moves = self._moves(messages, at, units, lines, read.rag, end_idx, late_idx, result)
         return stable_key
 
-    def _decided(
-        self,
-        read: Head,
-        template: str,
-        key: str,
-        previous: _Layout | None,
-        stability: StabilityModel | None,
-        writer: StatsWriter | None,
-        messages: list[Any],
-        at: int,
-    ) -> _Placed:
-        """Where each unit of the head goes (see :meth:`_placed`): its verdict, the layout the
-        conversation had, the retrieval block and the placement."""
-        lines, units, texts, detected, hashes, rag, rag_hash, _, ambiguous, rag_blocks = read
-        moving = self._moving(template, texts, detected, hashes, stability, writer)
-        if previous is not None:
-            # Within a conversation a unit keeps the place it had: a verdict that changes as the
-            # model learns must not change the prefix of a conversation under way.
-            moved, stable_before = previous.moved, previous.stable
-            if moved:  # the units carrying a hash that moved: one C-speed pass
-                for i in compress(range(len(hashes)), map(moved.__contains__, hashes)):
-                    moving[i] = True
-            for i in list(compress(range(len(moving)), moving)):  # the few moving units
-                h = hashes[i]
-                if h not in moved and _has_hash(stable_before, h):
-                    moving[i] = False
-        if ambiguous:
-            moving, rag = [False] * len(units), -1
-        for i in rag_blocks:
-            moving[i] = False
-        rag_kept = rag  # the retrieval block, wherever it goes below
-        to_end = at < 0
-        if rag >= 0:
-            moving[rag] = False
-            if (
-                not to_end
-                and previous is not None
-                and hashes[rag] not in previous.moved
-                and not _has_hash(previous.stable, rag_hash)
-            ):
-                # Passages retrieved anew for this turn: before the newest user turn, whole, like
-                # any content that changes within the conversation (the history stays cached).
-                moving[rag], rag = True, -1
-        late = self._late(messages, at, previous, hashes, moving, detected)
-        return self._placed(units, lines, texts, moving, late, rag, rag_kept)
-
     def _stable(
-        self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str]
+        self,
+        template: str,
+        stable_idx: list[int],
+        texts: list[str],
+        hashes: list[str],
+        whole: str | None = None,
     ) -> tuple[str, str, bytes, bool]:
         """The stable units' text (joined by lines), their hashes (concatenated, and as bytes)
         and whether any of them is not blank. A template's requests mostly keep the same units
         in the head (what changed moved out): the last answer per template is kept and
         reused when the units are the very same strings (an identity compare per unit, no
-        join over the whole head)."""
+        join over the whole head). ``whole``: the head's text, when every unit stays
+        (``stable_idx`` is all of them, in order: units are whole lines, and their texts
+        joined by lines are the head's)."""
+        if whole is not None:
+            joined = "".join(hashes)
+            return whole, joined, joined.encode(), any(map(str.strip, texts))
         unit_texts = list(map(texts.__getitem__, stable_idx))
         unit_hashes = list(map(hashes.__getitem__, stable_idx))
         memo = self._stable_memo.get(template)

@@ -1,6 +1,7 @@
 """What the shaper remembers between requests changes nothing it decides: a conversation's
-request read against its previous one (the replay), a template's stable head and signed
-head, and the digit classes the detectors and line shapes are memoized by."""
+request read against its previous one (the replay), a template's last first-request decision,
+its stable head and signed head, and the digit classes the detectors and line shapes are
+memoized by."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ class _Afresh(PolicyShaper):
     def _replayed(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def _stable(self, template: str, *args: Any) -> Any:
+    def _stable(
+        self, template: str, stable_idx: list[int], texts: list[str], hashes: list[str], whole: Any = None
+    ) -> Any:
         self._stable_memo.clear()
-        return super()._stable(template, *args)
+        return super()._stable(template, stable_idx, texts, hashes)  # joined, never the whole head
+
+    def _decided(self, *args: Any) -> Any:
+        self._firsts.clear()
+        return super()._decided(*args)
 
     def _head_signature(self, template: str, content: str) -> Any:
         self._signed_heads.clear()
@@ -74,6 +81,56 @@ def test_remembered_heads_decide_as_a_fresh_shaper(
             ]
         else:
             history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": f"q{n}"}]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12),
+    st.sampled_from(_PLACEMENTS),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=4, max_size=12),
+)
+def test_first_requests_decide_as_a_fresh_shaper(
+    pieces: list[str], placement: str, rag: bool, requests: list[tuple[int, int]]
+) -> None:
+    # Every request a new conversation (single-turn traffic: a template's last first request
+    # is what the next one is decided against), with a new time, one of four names and none,
+    # one or two earlier turns (a first request of a conversation the gateway never saw).
+    policy = ShapingPolicy.model_validate(
+        {"placement": placement, "rag": {"enabled": rag}, "learn_min_requests": 3}
+    )
+    remembering, afresh = PolicyShaper(policy), _Afresh(policy)
+    models = StabilityModel(), StabilityModel()
+    for n, (user, turns) in enumerate(requests):
+        system = "\n".join(pieces).replace("10:42", f"10:{n:02d}").replace("Ana", f"Ana{user}")
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"conversation {n}"}]
+        for turn in range(turns):
+            history += [{"role": "assistant", "content": f"a{turn}"}, {"role": "user", "content": f"q{turn}"}]
+        body = {"messages": [{"role": "system", "content": system}, *history]}
+        assert _outcome(body, remembering, models[0]) == _outcome(body, afresh, models[1])
+
+
+class _FirstCounting(PolicyShaper):
+    reused = 0
+
+    def _decided(self, *args: Any) -> Any:
+        before = dict(self._firsts)
+        found = super()._decided(*args)
+        self.reused += any(first.placed is found for first in before.values())
+        return found
+
+
+def test_a_templates_first_requests_reuse_its_last_decision() -> None:
+    # Single-turn traffic: a new user and time on every request, learned from the fourth.
+    policy = ShapingPolicy.model_validate({"learn_min_requests": 3})
+    remembering, afresh = _FirstCounting(policy), _Afresh(policy)
+    models = StabilityModel(), StabilityModel()
+    for n in range(12):
+        system = f"You are Forge.\nTime: 10:{n:02d}\nUser: Ana{n % 5}\n# Rules\n- be brief\n- cite files"
+        body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"task {n}"}]}
+        assert _outcome(body, remembering, models[0]) == _outcome(body, afresh, models[1])
+    # Decided afresh: the first, and when the counts became known (the name found volatile).
+    assert remembering.reused >= 8
 
 
 class _Counting(PolicyShaper):
