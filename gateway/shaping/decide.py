@@ -26,6 +26,7 @@ from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.replay import ConversationMemo, _has_hash, _Layout
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import Unit
+from gateway.shaping.volatile import keep
 from gateway.store.writer import StatsWriter
 
 _FIRSTS_KEPT = 256  # templates whose last first-request decision is kept
@@ -151,9 +152,7 @@ class Decisions(UnitPlacement, ConversationMemo):
         placed = self._placed(units, lines, texts, moving, late, rag, rag_kept)
         if previous is None:
             volatile = [] if learned is None else [i for i, v in enumerate(learned) if not v]
-            if template not in self._firsts and len(self._firsts) >= _FIRSTS_KEPT:
-                del self._firsts[next(iter(self._firsts))]  # the oldest
-            self._firsts[template] = _First(
+            entry = _First(
                 units,
                 detected,
                 learned,
@@ -165,6 +164,7 @@ class Decisions(UnitPlacement, ConversationMemo):
                 rag_blocks,
                 placed,
             )
+            keep(self._firsts, template, entry, _FIRSTS_KEPT)
         return placed
 
 

@@ -18,7 +18,7 @@ from operator import itemgetter, ne
 from typing import NamedTuple
 
 from gateway.shaping.units import ELEMENT, SECTION, Unit, same_shape, segment_cached, unit_text
-from gateway.shaping.volatile import Detectors, line_hash
+from gateway.shaping.volatile import Detectors, keep, line_hash
 
 _FIRST, _THIRD = itemgetter(0), itemgetter(2)
 _TOOL_SETS_KEPT = 256  # tool sets (templates, mostly) remembered per policy
@@ -158,9 +158,7 @@ class HeadReader:
         head = self._read(content, tool_names)
         if len(content) <= _EXACT_MAX_CHARS:
             if bucket is None:
-                if len(exact) >= _EXACT_KEPT:
-                    del exact[next(iter(exact))]  # the oldest
-                bucket = exact[key] = []
+                bucket = keep(exact, key, [], _EXACT_KEPT)
             bucket.insert(0, (content, head))
             del bucket[_BUCKET_KEPT:]
         return head
@@ -169,9 +167,7 @@ class HeadReader:
         """:meth:`read` without the exact-repeat lookup."""
         recents = self._recent.get(tool_names)
         if recents is None:
-            if len(self._recent) >= _TOOL_SETS_KEPT:
-                del self._recent[next(iter(self._recent))]
-            recents = self._recent[tool_names] = []
+            recents = keep(self._recent, tool_names, [], _TOOL_SETS_KEPT)
         for n, recent in enumerate(recents):
             # Checked first: the lines that varied before (a time, a name), nothing else moved.
             found = self._match(recent, content)

@@ -12,7 +12,7 @@ from gateway.shaping.body import _first_user, _has_history
 from gateway.shaping.heads import Head
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
-from gateway.shaping.volatile import line_hash
+from gateway.shaping.volatile import keep, line_hash
 from gateway.store.writer import StatsWriter
 
 _FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
@@ -199,9 +199,6 @@ class ConversationMemo:
         stable: tuple[str, str, bytes, bool],
     ) -> None:
         """Keep what :meth:`_replayed` needs for the conversation's next request."""
-        replays = self._replays
         # Nothing moved (a conversation's first request, mostly): clean without a look.
         clean = not layout.moved or layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
-        if key not in replays and len(replays) >= _REPLAYS_KEPT:
-            del replays[next(iter(replays))]  # the oldest
-        replays[key] = _Replay(layout, hashes, moving, clean, stable_idx, stable)
+        keep(self._replays, key, _Replay(layout, hashes, moving, clean, stable_idx, stable), _REPLAYS_KEPT)

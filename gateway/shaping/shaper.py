@@ -46,7 +46,7 @@ from gateway.shaping.result import REASONS, ShapeResult
 from gateway.shaping.signature import _STABLE_MAX_CHARS, HeadSignatures
 from gateway.shaping.stability import StabilityModel
 from gateway.shaping.units import Unit
-from gateway.shaping.volatile import Detectors, line_hash
+from gateway.shaping.volatile import Detectors, keep, line_hash
 from gateway.store.writer import StatsWriter
 
 _NOT_TEXT = (False, "", "")
@@ -217,9 +217,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         found = self._prefix_hashes.get(key)
         if found is None:
             found = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
-            if len(self._prefix_hashes) >= _PREFIX_HASHES_KEPT:
-                del self._prefix_hashes[next(iter(self._prefix_hashes))]  # the oldest
-            self._prefix_hashes[key] = found
+            keep(self._prefix_hashes, key, found, _PREFIX_HASHES_KEPT)
         return found
 
     def _shape_head(
@@ -381,7 +379,5 @@ class PolicyShaper(Decisions, HeadSignatures):
             any(text.strip() for text in unit_texts),
         )
         if len(found[0]) <= _STABLE_MAX_CHARS:
-            if len(self._stable_memo) >= _STABLE_KEPT:
-                del self._stable_memo[next(iter(self._stable_memo))]  # the oldest
-            self._stable_memo[template] = (unit_texts, unit_hashes, found)
+            keep(self._stable_memo, template, (unit_texts, unit_hashes, found), _STABLE_KEPT)
         return found

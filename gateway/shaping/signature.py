@@ -14,7 +14,7 @@ import orjson
 from gateway.shaping.body import _HEAD_ROLES, _part_text, _tool_name
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.result import ShapeResult
-from gateway.shaping.volatile import Detectors
+from gateway.shaping.volatile import Detectors, keep
 
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
@@ -105,7 +105,5 @@ class HeadSignatures:
             per_line = [line_segment("line", n, line) for n, line in enumerate(lines)]
         found = list(filter(None, per_line))
         if len(content) <= _STABLE_MAX_CHARS:
-            if len(self._signed_heads) >= _SIGNED_KEPT:
-                del self._signed_heads[next(iter(self._signed_heads))]  # the oldest
-            self._signed_heads[template] = (content, lines, per_line, found)
+            keep(self._signed_heads, template, (content, lines, per_line, found), _SIGNED_KEPT)
         return found

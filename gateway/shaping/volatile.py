@@ -79,6 +79,15 @@ _NEEDS: dict[Detector, tuple[str, ...] | re.Pattern[str]] = {
 _DIGIT_CLASSES = bytes.maketrans(b"0123456789", b"0100055555")  # over UTF-8: digits are ASCII bytes
 
 
+def keep(memo: dict[_K, _T], key: _K, value: _T, kept: int) -> _T:
+    """Put ``value`` in a memo of at most ``kept`` entries (a new key past that drops the
+    oldest entry first); returns ``value``."""
+    if key not in memo and len(memo) >= kept:
+        del memo[next(iter(memo))]
+    memo[key] = value
+    return value
+
+
 def _newer_half(memo: dict[_K, _T]) -> dict[_K, _T]:
     """The newer half of a full memo (dropped at once: deleting the oldest entry one by one
     makes finding the next oldest cost more with each deletion)."""
