@@ -250,7 +250,7 @@ class Connection(asyncio.Protocol):
             # wbits 47: a gzip or zlib header, whichever the body has.
             response._decoder = zlib.decompressobj(wbits=47)
         elif encoding != "identity":
-            self._head_failed(aiohttp.ClientPayloadError(f"unsupported Content-Encoding: {encoding}"))
+            self._broken(aiohttp.ClientPayloadError(f"unsupported Content-Encoding: {encoding}"))
             return
         self.ends_at_eof = (
             "Content-Length" not in headers
@@ -275,13 +275,9 @@ class Connection(asyncio.Protocol):
 
     # -- used by the transport and the response ----------------------------------------
 
-    def _head_failed(self, error: BaseException) -> None:
-        waiter = self._head_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(error)
-        self.drop()
-
     def _broken(self, error: BaseException) -> None:
+        """Fail the request (before its headers) or its body with ``error``; the connection
+        is dropped."""
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
