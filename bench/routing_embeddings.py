@@ -39,6 +39,10 @@ def sample(text: str) -> str:
 
 def embedder(name: str):  # type: ignore[no-untyped-def]
     """A function from texts to unit vectors."""
+    if name == "wordllama":
+        from gateway.routing.static_embedder import load
+
+        return lambda texts: load().embed_many(list(texts))
     if name == "static":
         from static_model import get_embeddings
 
@@ -58,7 +62,7 @@ def embedder(name: str):  # type: ignore[no-untyped-def]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("data", help="JSONL with prompt, weak, strong (and bench, domain, id)")
-    parser.add_argument("--model", choices=("minilm", "static"), default="minilm")
+    parser.add_argument("--model", choices=("minilm", "static", "wordllama"), default="minilm")
     parser.add_argument("--cache", help="embeddings .npy (default: /tmp/switchyard-<model>.npy)")
     args = parser.parse_args()
     rows = [orjson.loads(line) for line in Path(args.data).read_bytes().splitlines() if line.strip()]
