@@ -122,7 +122,8 @@ def fit_index(
         "knn_mean": round(float(loo.mean()), 6),
         "knn_std": round(float(loo.std()) or 1.0, 6),
         "length_mean": round(float(lengths.mean()), 6),
-        "length_std": round(float(lengths.std()) or 1.0, 6),
+        # floored: prompts of one template would otherwise make a few characters look huge
+        "length_std": round(max(float(lengths.std()), 0.25), 6),
         "length_weight": options.length_weight,
         "ngram_scale": 1.0,
     }

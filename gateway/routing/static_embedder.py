@@ -18,6 +18,7 @@ The heavy imports (numpy, ``tokenizers``) happen in :func:`load`, on first use.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import threading
@@ -138,18 +139,20 @@ def load() -> StaticEmbedder:
     """The process's embedder, loaded on first call (about 0.2 s; 33 MB of float32) and shared
     by every policy that uses it. Raises :class:`EmbeddingUnavailable` without the extra."""
     global _loaded
+    # found every time (cheap), so a missing extra is reported the same way whatever ran before
+    tokenizer_file, weights_file = model_files()
     with _lock:
         if _loaded is None:
-            tokenizer_file, weights_file = model_files()
             # belt and braces: nothing below may reach a model hub
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             try:
-                from tokenizers import Tokenizer
+                # imported by name: mypy must pass where the extra is not installed
+                tokenizers = importlib.import_module("tokenizers")
             except ImportError:
                 raise EmbeddingUnavailable(
                     f"the embedding classifier needs the `tokenizers` package: {INSTALL_HINT}"
                 ) from None
-            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
             tokenizer.no_padding()
             tokenizer.no_truncation()
             _loaded = StaticEmbedder(_read_safetensors(weights_file, TENSOR), tokenizer)
