@@ -112,6 +112,9 @@ class EmbeddingIndex:
     @classmethod
     def load(cls, path: Path) -> EmbeddingIndex:
         """Read a file :meth:`dump` wrote."""
+        from gateway.routing.static_embedder import single_threaded_blas
+
+        single_threaded_blas()  # before numpy's first import, which may be this one
         import numpy as np
 
         with np.load(path, allow_pickle=False) as data:
@@ -173,22 +176,23 @@ class Embedding(Classifier):
             path = overrides.ngram_weights_file if overrides is not None else None
             self.ngram = Ngram(NgramSettings(weights_file=path))
 
-    def nearest(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    def nearest(self, text: str, ranked: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The indices of the prompts nearest to ``text`` and their cosine similarities,
-        most similar first."""
+        most similar first (in no order unless ``ranked``: the vote does not need it)."""
         import numpy as np
 
         query = self.index.project(self.embedder.embed(text))
         sims = self.index.vectors @ query
         k = self.neighbours
         near = np.argpartition(sims, -k)[-k:] if k < len(sims) else np.arange(len(sims))
-        near = near[np.argsort(-sims[near])]
+        if ranked:
+            near = near[np.argsort(-sims[near])]
         return near, sims[near]
 
     def parts(self, features: Features) -> dict[str, float]:
         """The logit's parts: the neighbours' term and the ngram's logit or the length term."""
         about = self.index.about
-        near, _ = self.nearest(features.text)
+        near, _ = self.nearest(features.text, ranked=False)
         knn = float(self.index.gains[near].mean())
         knn_z = (knn - float(about["knn_mean"])) / (float(about["knn_std"]) or 1.0)
         if self.combine == "ngram" and self.ngram is not None:
