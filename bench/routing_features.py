@@ -9,13 +9,22 @@ a code block and a few questions: feature extraction, then the whole decision wi
 memoizes each word pair's weight per process, so it is timed twice: warm (the words seen
 before, as common words are in steady traffic) and cold (the memo emptied before every
 call, every word and pair hashed afresh).
+
+With ``--embedding`` (needs ``pip install 'switchyard[embeddings]'``) it also times the
+``embedding`` classifier's whole decision, against ``--index FILE`` (from ``route fit
+--classifier embedding``) or, without one, an index of 8,000 generated prompts with random
+labels (the cost depends on the index's size, not on its content): warm (the prompt's
+words embedded before) and cold (the word memo emptied before every call).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from gateway.config import parse_policy
 from gateway.routing.features import extract
@@ -42,6 +51,46 @@ routing:
               reasoning_cues: 3.35, questions: -0.38, non_ascii_share: 0.53}
 """
 NGRAM_POLICY = POLICY.split("  classifier:")[0] + "  classifier: {name: ngram}\n"
+WORDS = (PROSE + " prove the integral of x derive a recursive function for the tree compare essays").split()
+
+
+def generated_index(path: Path, size: int) -> None:
+    """An index of ``size`` generated prompts with random labels, for timing only."""
+    from gateway.routing.embedding_fit import fit_index
+    from gateway.routing.features import extract as features_of
+    from gateway.routing.static_embedder import load
+
+    rng = random.Random(7)
+    rows = [
+        {"prompt": " ".join(rng.choices(WORDS, k=rng.randint(5, 120))), "weak": rng.randint(0, 1)}
+        for _ in range(size)
+    ]
+    for row in rows:
+        row["strong"] = 1
+    features = [features_of({"prompt": row["prompt"]}) for row in rows]
+    fit_index(rows, features, load()).dump(path)
+
+
+def time_embedding(body: dict[str, object], index: str | None, runs: int) -> None:
+    """The embedding classifier's decision, warm and cold."""
+    if index is None:
+        index = str(Path(tempfile.mkdtemp()) / "generated.npz")
+        generated_index(Path(index), 8000)
+    policy = POLICY.split("  classifier:")[0] + f"  classifier: {{name: embedding, index_file: '{index}'}}\n"
+    router = Router(parse_policy(policy, "bench"))
+    clf = router.classifier
+    memo = clf.embedder._memo  # type: ignore[union-attr]
+    timed(lambda: router.resolve(body), 200)
+    w50, w99 = timed(lambda: router.resolve(body), runs)
+
+    def cold() -> None:
+        memo.clear()
+        router.resolve(body)
+
+    c50, c99 = timed(cold, runs)
+    size = len(clf.index.gains)  # type: ignore[union-attr]
+    print(f"routing, embedding (warm): median {w50:6.1f} us   p99 {w99:6.1f} us   ({size} prompts indexed)")
+    print(f"routing, embedding (cold): median {c50:6.1f} us   p99 {c99:6.1f} us   (every word tokenized)")
 
 
 def body_of(tokens: int) -> dict[str, object]:
@@ -72,6 +121,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=8000)
     parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--embedding", action="store_true", help="time the embedding classifier too")
+    parser.add_argument("--index", help="with --embedding: an index file (default: 8,000 generated prompts)")
     args = parser.parse_args()
     body = body_of(args.tokens)
     router = Router(parse_policy(POLICY, "bench"))
@@ -96,6 +147,8 @@ def main() -> None:
     )
     print(f"routing, ngram (warm)   : median {w50:6.1f} us   p99 {w99:6.1f} us")
     print(f"routing, ngram (cold)   : median {c50:6.1f} us   p99 {c99:6.1f} us   (every word hashed again)")
+    if args.embedding:
+        time_embedding(body, args.index, args.runs)
 
 
 if __name__ == "__main__":

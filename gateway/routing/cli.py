@@ -21,7 +21,7 @@ from gateway.routing.datafiles import body_of, has_quality, load_rows, policy_fr
 from gateway.routing.datafiles import labels as _labels
 from gateway.routing.evaluate import register_eval
 from gateway.routing.features import FEATURE_NAMES, extract
-from gateway.routing.fit_command import cmd_fit_ngram, register_fit_options
+from gateway.routing.fit_command import cmd_fit_embedding, cmd_fit_ngram, register_fit_options
 from gateway.routing.judge import register_judge
 from gateway.routing.quality import threshold_for_share
 from gateway.routing.resolve import Router
@@ -33,6 +33,14 @@ def _matrix(rows: list[dict[str, Any]]) -> list[list[float]]:
         vector = extract(row).vector()
         out.append([vector[name] for name in FEATURE_NAMES])
     return out
+
+
+def _gain_label(gain: float) -> str:
+    if gain >= 0.75:
+        return "strong needed"
+    if gain <= 0.25:
+        return "weak better"
+    return f"either ({gain:.2f})" if gain != 0.5 else "either"
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -56,6 +64,18 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print(f"  {label:24} {part:+.3f}")
         if len(parts) > args.top:
             print(f"  ... {len(parts) - args.top} more (--top)")
+        near = router.classifier.neighbours_of(features)
+        if near:
+            mean = sum(n.gain for n in near) / len(near)
+            print(
+                f"  the {len(near)} nearest labelled prompts voted {mean:.3f}"
+                " (1: strong needed, 0: weak better)"
+            )
+            print("  similarity  label          prompt")
+            for n in near[: args.top]:
+                print(f"  {n.similarity:10.3f}  {_gain_label(n.gain):13}  {n.ref}")
+            if len(near) > args.top:
+                print(f"  ... {len(near) - args.top} more (--top)")
     route = router.resolve(body, args.hint)
     decision = router.decide(body, args.hint) if route.tier is not None and route.reason != "model" else None
     if decision is not None:
@@ -72,6 +92,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     rows = load_rows(args.labeled)
     if args.classifier == "ngram":
         return cmd_fit_ngram(args, rows)
+    if args.classifier == "embedding":
+        return cmd_fit_embedding(args, rows)
     if has_quality(rows) and not any("label" in row for row in rows):
         raise SystemExit("per-model quality rows fit the ngram classifier: add --classifier ngram")
     y = _labels(rows, args.labeled)
@@ -129,16 +151,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain.add_argument("--top", type=int, default=15, help="the parts of the score shown")
     explain.set_defaults(func=_cmd_explain)
 
-    fit = rsub.add_parser("fit", help="fit a classifier (linear or ngram) to labeled traffic")
+    fit = rsub.add_parser("fit", help="fit a classifier (linear, ngram or embedding) to labeled traffic")
     fit.add_argument(
         "labeled",
         help='JSONL of {"messages": [...] | "prompt": "...", "label": "fast"|"strong"} '
         'or per-model quality {..., "weak": q, "strong": q}',
     )
-    fit.add_argument("--classifier", choices=("linear", "ngram"), default="linear")
+    fit.add_argument("--classifier", choices=("linear", "ngram", "embedding"), default="linear")
     fit.add_argument(
         "--out",
-        help="linear: write the routing block here (default: stdout); ngram: the weights file",
+        help="linear: write the routing block here (default: stdout); ngram: the weights file; "
+        "embedding: the index file",
     )
     fit.add_argument("--l2", type=float, default=None, help="L2 regularization strength")
     register_fit_options(fit)

@@ -159,9 +159,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     clf = router.classifier
     features = [extract(body_of(row)) for row in rows]
     name = policy.routing.classifier.name if policy.routing.classifier else "?"
-    if args.folds > 1:
+    if args.folds > 1 and name == "embedding":
+        from gateway.routing.classifiers.embedding import Embedding
+        from gateway.routing.embedding_fit import cross_validated_scores as embedding_scores
+        from gateway.routing.embedding_fit import options_of
+
+        assert isinstance(clf, Embedding)
+        options = options_of(clf)
+        scores = embedding_scores(rows, features, args.folds, clf.embedder, options)
+        print(
+            f"classifier: embedding ({options.neighbours} neighbours, combined with {options.combine}), "
+            f"re-indexed on {args.folds} held-out folds (by domain, else by id)"
+        )
+    elif args.folds > 1:
         if name != "ngram":
-            raise SystemExit("--folds refits the ngram classifier: the policy's classifier is not ngram")
+            raise SystemExit(
+                "--folds refits the ngram classifier (or re-indexes an embedding one): the policy has neither"
+            )
         from gateway.routing.ngram_fit import FitOptions, cross_validated_scores
 
         scores = cross_validated_scores(rows, features, args.folds, FitOptions())
@@ -194,6 +208,6 @@ def register_eval(rsub: argparse._SubParsersAction[argparse.ArgumentParser], pol
         "--folds",
         type=int,
         default=0,
-        help="ngram: score each fold with a model refitted without it (held out by domain, else id)",
+        help="ngram, embedding: score each fold with a model refitted without it (by domain, else id)",
     )
     evaluate.set_defaults(func=cmd_eval)

@@ -1,11 +1,13 @@
-"""``switchyard route fit --classifier ngram``: held-out numbers first, then the weights.
+"""``switchyard route fit --classifier ngram|embedding``: held-out numbers first, then the
+weights (ngram) or the index (embedding).
 
 With ``--folds K`` (default 5) the rows are split into K folds by ``domain`` (every prompt
 of a subject together) or, without one, by ``id`` (each question alone); each fold is
 scored by a model fitted on the others, and the quality report (``route eval``'s: APGR,
 CPT, per ``bench``) is printed for those out-of-fold scores. Then one model is fitted on
 every row and written to ``--out``, with the routing block that uses it and the threshold
-that sends ``--strong-share`` of these prompts to the strong tier.
+that sends ``--strong-share`` of these prompts to the strong tier. The embedding index is
+built the same way (:mod:`gateway.routing.embedding_fit`).
 """
 
 from __future__ import annotations
@@ -32,36 +34,89 @@ def register_fit_options(parser: argparse.ArgumentParser) -> None:
         "--strong-share", type=float, default=0.3, help="ngram: the share the printed threshold sends strong"
     )
     parser.add_argument("--plot", help="ngram: write the held-out quality curve as a PNG")
+    parser.add_argument("--neighbours", type=int, default=200, help="embedding: prompts that vote")
+    parser.add_argument(
+        "--combine",
+        choices=("ngram", "length"),
+        default="ngram",
+        help="embedding: add the neighbours' vote to the ngram logit, or to the length term alone",
+    )
+    parser.add_argument(
+        "--knn-weight", type=float, default=None, help="embedding: the neighbours' weight (0.3 / 1)"
+    )
 
 
-def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
-    """Report held-out quality, fit on everything, write the weights."""
+def _check_rows(rows: list[dict[str, Any]]) -> None:
     if not rows:
         raise SystemExit("fit needs examples")
     if not has_quality(rows) and any(row.get("label") not in ("fast", "strong") for row in rows):
         raise SystemExit("every row needs per-model quality (`weak`, `strong`) or a label (fast|strong)")
+
+
+def _held_out(args: argparse.Namespace, rows: list[dict[str, Any]], scores: list[float]) -> None:
+    print(f"held-out quality ({args.folds} folds by domain, else by id; numbers for unseen subjects):")
+    found = quality_by_bench(rows, scores, 200)
+    for bench, one in found:
+        print_quality(bench, one)
+    if args.plot:
+        plot_quality(found, args.plot)
+
+
+def _print_block(block: dict[str, Any], threshold: float, share: float) -> None:
+    block["threshold"] = round(threshold, 4)
+    print(f"# the threshold sends {share:.0%} of these prompts to strong; merge into your policy:")
+    sys.stdout.write(yaml.safe_dump({"routing": block}, sort_keys=False))
+
+
+def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    """Report held-out quality, fit on everything, write the weights."""
+    _check_rows(rows)
     options = FitOptions() if args.l2 is None else FitOptions(l2=args.l2)
     features = [extract(body_of(row)) for row in rows]
     if args.folds > 1 and has_quality(rows):
-        scores = cross_validated_scores(rows, features, args.folds, options)
-        print(f"held-out quality ({args.folds} folds by domain, else by id; numbers for unseen subjects):")
-        found = quality_by_bench(rows, scores, 200)
-        for bench, one in found:
-            print_quality(bench, one)
-        if args.plot:
-            plot_quality(found, args.plot)
+        _held_out(args, rows, cross_validated_scores(rows, features, args.folds, options))
     model = fit(features, [target(row) for row in rows], options)
     out = Path(args.out) if args.out else Path("ngram_weights.json")
     model.dump(out)
     clf = Ngram(model)
     threshold = threshold_for_share([clf.strong_probability(f) for f in features], args.strong_share)
     shipped = out.resolve() == DEFAULT_WEIGHTS.resolve()
-    block: dict[str, Any] = {"classifier": {"name": "ngram"}, "threshold": round(threshold, 4)}
+    block: dict[str, Any] = {"classifier": {"name": "ngram"}}
     if not shipped:
         block["classifier"]["weights_file"] = str(out)
     print(f"\n# fitted on {len(rows)} prompts: {len(model.table)} n-gram weights written to {out}")
+    _print_block(block, threshold, args.strong_share)
+    return 0
+
+
+def cmd_fit_embedding(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    """Report held-out quality, index every row, write the index."""
+    from gateway.routing.classifiers.embedding import Embedding
+    from gateway.routing.embedding_fit import IndexOptions, cross_validated_scores, fit_index
+    from gateway.routing.static_embedder import EmbeddingUnavailable, load
+
+    _check_rows(rows)
+    if args.neighbours < 1:
+        raise SystemExit("--neighbours is at least 1")
+    try:
+        embedder = load()
+    except EmbeddingUnavailable as exc:
+        raise SystemExit(str(exc)) from None
+    options = IndexOptions(neighbours=args.neighbours, combine=args.combine, knn_weight=args.knn_weight)
+    features = [extract(body_of(row)) for row in rows]
+    if args.folds > 1 and has_quality(rows):
+        _held_out(args, rows, cross_validated_scores(rows, features, args.folds, embedder, options))
+    try:
+        index = fit_index(rows, features, embedder, options)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    out = Path(args.out) if args.out else Path("embedding_index.npz")
+    index.dump(out)
+    clf = Embedding(index, embedder)
+    threshold = threshold_for_share([clf.strong_probability(f) for f in features], args.strong_share)
     print(
-        f"# the threshold sends {args.strong_share:.0%} of these prompts to strong; merge into your policy:"
+        f"\n# indexed {len(rows)} prompts ({options.neighbours} neighbours vote, combined with "
+        f"{options.combine}) in {out}"
     )
-    sys.stdout.write(yaml.safe_dump({"routing": block}, sort_keys=False))
+    _print_block({"classifier": {"name": "embedding", "index_file": str(out)}}, threshold, args.strong_share)
     return 0

@@ -33,6 +33,8 @@ FOREIGN_FLAGS = {
     "--litellm", "--full", "--peers", "--build", "--profile", "--cluster-enabled", "--check", "--strict",
     # bench/shaping.py
     "--cost-only", "--baseline", "--rounds", "--corpus-only",
+    # bench/routing_features.py
+    "--embedding", "--index",
 }  # fmt: skip
 
 

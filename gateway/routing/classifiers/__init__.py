@@ -47,6 +47,23 @@ class Classifier(ABC):
         """Labelled parts of the score for ``route explain``, most telling first (none by default)."""
         return []
 
+    def neighbours_of(self, features: Features) -> list[Neighbour]:
+        """The labelled prompts that drove the score, for ``route explain`` (none by default:
+        only a nearest-neighbour classifier has them)."""
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    """One labelled prompt that voted on a decision."""
+
+    ref: str
+    """Its ``id`` and first words."""
+    similarity: float
+    """Cosine similarity with the request, in [-1, 1]."""
+    gain: float
+    """Its target: 1 strong needed, 0.5 either, 0 weak better (or a score between)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClassifierType:
