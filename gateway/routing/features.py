@@ -215,12 +215,32 @@ def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
     )
 
 
-def complete(shape: Structure) -> Features:
+def complete(shape: Structure, text_features: bool = True) -> Features:
     """The features of a request whose :func:`structure` is ``shape``: the text features
-    are read from its last user message (or that message's bounded sample)."""
+    are read from its last user message (or that message's bounded sample). With
+    ``text_features=False`` the five of them (code, math, cues, questions, script) are left
+    at 0, unread: for a classifier that reads only ``Features.text`` and the body shape."""
     sample = shape.last_user
     if len(sample) > 2 * _SAMPLE_CHARS:
         sample = sample[:_SAMPLE_CHARS] + "\n" + sample[-_SAMPLE_CHARS:]
+    if not text_features:
+        return Features(
+            shape.prompt_tokens,
+            shape.turns,
+            shape.last_user_chars,
+            shape.has_tools,
+            shape.json_mode,
+            0.0,
+            0.0,
+            0,
+            0,
+            shape.max_tokens,
+            shape.reasoning_effort,
+            0.0,
+            shape.hint,
+            shape.model,
+            sample,
+        )
     n = max(1, len(sample))
     lines = sample.count("\n") + 1
     fences = sample.count("```")

@@ -107,8 +107,8 @@ class Router:
 
     def _choose(self, shape: Structure, features: Features | None = None) -> _Choice:
         """The tier, the reason, the score and the rule: the text features are read only when
-        a rule on them or the classifier is reached (``features``, when given, are the
-        complete features of ``shape``)."""
+        a rule on them, or a classifier that reads them, is reached (``features``, when
+        given, are the complete features of ``shape``)."""
         routing = self.policy.routing
         if routing.honor_hint and shape.hint in self.policy.tiers:
             return shape.hint, "hint", None, None
@@ -121,7 +121,7 @@ class Router:
             if matched:
                 return rule.tier, rule.reason, None, rule.label
         if self.classifier is not None:
-            features = features or complete(shape)
+            features = features or complete(shape, self.classifier.reads_text_features)
             score = self.classifier.strong_probability(features)
             tier = routing.strong_tier if score >= routing.threshold else routing.fast_tier
             return tier, "score", score, None

@@ -185,6 +185,8 @@ class Ngram(Classifier):
             model = NgramModel.load(path)
         self.model = model
         self._memo = _Memo(model.table)
+        # Only the shape weights read the text features (through Features.vector).
+        self.reads_text_features = bool(model.shape)
 
     def ngram_logit(self, tokens: list[str]) -> float:
         """The n-grams' share of the logit."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_policy
-from gateway.routing.classifiers.ngram import words
+from gateway.routing.classifiers.ngram import Ngram, words
 from gateway.routing.features import RULE_FEATURES, STRUCTURE_FEATURES, extract, structure
 from gateway.routing.resolve import Router
 from gateway.routing.rules import Rule
@@ -135,6 +136,18 @@ def test_the_router_without_the_text_features_chooses_what_the_full_decision_doe
     assert route.reason == ("score" if decision.score is not None else decision.reason)
     assert decision.features == extract(body, hint)
     assert structure(body, hint).last_user == text
+
+
+def test_a_classifier_that_reads_the_text_features_gets_them() -> None:
+    shipped = _ROUTER.classifier
+    assert isinstance(shipped, Ngram) and not shipped.reads_text_features
+    model = replace(shipped.model, shape={"code_density": 2.0, "reasoning_cues": 1.5})
+    router = Router(parse_policy(_POLICY, "test"))
+    router.classifier = Ngram(model)
+    assert router.classifier.reads_text_features
+    body = {"model": "auto", "messages": [{"role": "user", "content": "```py\nx = 1\n``` why"}]}
+    assert router.resolve(body).score == router.decide(body).score
+    assert router.decide(body).score != _ROUTER.decide(body).score
 
 
 @settings(max_examples=500, deadline=None)
