@@ -85,6 +85,18 @@ class Accounting:
         self._interval_s = interval_s
         self._pending: list[tuple[str, str, str, list[int], float]] = []
         self.expectations_dropped = 0
+        self._minute = -1
+        self._keys = ("", "")  # this minute's bucket key and its day's cost key
+
+    def _keys_now(self) -> tuple[str, str]:
+        """The minute bucket's key and the day's cost key, now (built once a minute: a day
+        starts on a minute, so the minute decides both)."""
+        now = time.time()
+        minute = int(now) // BUCKET_S
+        if minute != self._minute:
+            self._minute = minute
+            self._keys = (_bucket(minute), _day_key(_day(now)))
+        return self._keys
 
     def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (never waits on Redis)."""
@@ -94,13 +106,12 @@ class Accounting:
         GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
         template = done.shape.template if done.shape is not None else NO_KEY
         prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
-        key = _bucket(int(time.time()) // BUCKET_S)
+        key, day_key = self._keys_now()
         ttl = RETENTION_S + BUCKET_S
         hincr = self._writer.hincr
         hincr(key, prefix + "requests", 1, ttl)
         if done.failed:
             hincr(key, prefix + "errors", 1, ttl)
-        day_key = _day_key(_day(time.time()))
         day_prefix = f"{done.key_id or NO_KEY}|{done.deployment}|"
         day_ttl = COST_RETENTION_DAYS * 86400
         hincr(day_key, day_prefix + "requests", 1, day_ttl)

@@ -6,7 +6,9 @@ characters / 4 (OpenAI's rule of thumb for English), and the text features (code
 reasoning cues, questions, script) read the last user message — what decides how hard
 the request is — or, when it is long, its first and last 600 characters, so the cost
 does not grow with the prompt. That same bounded sample is kept as ``Features.text`` for
-the classifiers that read words.
+the classifiers that read words. The features read from the body's shape alone
+(:func:`structure`) come first, so a rule that tests only those is decided without
+reading the text at all.
 """
 
 from __future__ import annotations
@@ -37,10 +39,22 @@ _CUES = (
 # space after its first character, so two matches can never overlap, except that one
 # with its inner spaces, which is counted on its own.
 _SPACED_CUE = " step by step"
-_CUE_STARTS = re.compile("|".join(re.escape(cue) for cue in _CUES if cue != _SPACED_CUE))
+
+
+def _cue_pattern(cues: tuple[str, ...]) -> re.Pattern[str]:
+    """One alternation of the cues, grouped by the letter after the space: the engine then
+    tries the cues of one letter at a space, not all of them (the same matches: which cue
+    matches at a position does not depend on the grouping)."""
+    by_letter: dict[str, list[str]] = {}
+    for cue in cues:
+        by_letter.setdefault(cue[1], []).append(re.escape(cue[2:]))
+    groups = "|".join(f"{re.escape(letter)}(?:{'|'.join(rests)})" for letter, rests in by_letter.items())
+    return re.compile(f" (?:{groups})")
+
+
+_CUE_STARTS = _cue_pattern(tuple(cue for cue in _CUES if cue != _SPACED_CUE))
 _SAMPLE_CHARS = 600
 _NUMBERED = re.compile(r"\n\s*(?:\d+[.)]|[-*•])\s+\S")
-_MATH_ASCII = ("=", "^", "$")
 _MATH_SYMBOLS = ("∑", "∫", "√", "≤", "≥", "∂", "π")
 _MATH_LATEX = ("\\frac", "\\sum", "\\int")
 _EFFORT = {"minimal": 0.0, "low": 1.0, "medium": 2.0, "high": 3.0}
@@ -126,7 +140,7 @@ def _text_of(content: Any) -> str:
 def _math_hits(sample: str) -> int:
     """Occurrences of the math markers; the symbols are looked for only in non-ASCII text,
     the LaTeX commands only where there is a backslash (each count is a scan)."""
-    hits = sum(sample.count(c) for c in _MATH_ASCII)
+    hits = sample.count("=") + sample.count("^") + sample.count("$")  # one scan each, no generator
     if not sample.isascii():
         hits += sum(sample.count(c) for c in _MATH_SYMBOLS)
     if "\\" in sample:
@@ -134,8 +148,29 @@ def _math_hits(sample: str) -> int:
     return hits
 
 
-def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
-    """The features of a chat (or completions) request body."""
+@dataclass(slots=True)
+class Structure:
+    """The features read from the body's shape alone (no scan of the text): what a rule on
+    these needs, without the text features' cost. :func:`complete` adds the rest."""
+
+    prompt_tokens: int
+    turns: int
+    last_user_chars: int
+    has_tools: bool
+    json_mode: bool
+    max_tokens: int | None
+    reasoning_effort: float | None
+    hint: str | None
+    model: str
+    last_user: str
+
+
+STRUCTURE_FEATURES = frozenset(name for name in RULE_FEATURES if name in Structure.__slots__)
+"""The rule features a :class:`Structure` holds (the rest need :func:`complete`)."""
+
+
+def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
+    """The body-shape features of a chat (or completions) request body."""
     messages = body.get("messages")
     total_chars = 0
     turns = 0
@@ -159,38 +194,80 @@ def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
     tools = body.get("tools")
     tool_chars = len(str(tools)) if tools else 0
     fmt = body.get("response_format")
-    json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
-    sample = last_user
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    effort = body.get("reasoning_effort")
+    if hint is None:
+        metadata = body.get("metadata")
+        if isinstance(metadata, dict):
+            given = metadata.get("switchyard_tier")
+            hint = given if isinstance(given, str) else None
+    return Structure(
+        (total_chars + tool_chars) // 4,
+        turns,
+        len(last_user),
+        bool(tools),
+        isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"),
+        limit if isinstance(limit, int) else None,
+        _EFFORT.get(effort) if isinstance(effort, str) else None,
+        hint,
+        str(body.get("model", "")),
+        last_user,
+    )
+
+
+def complete(shape: Structure, text_features: bool = True) -> Features:
+    """The features of a request whose :func:`structure` is ``shape``: the text features
+    are read from its last user message (or that message's bounded sample). With
+    ``text_features=False`` the five of them (code, math, cues, questions, script) are left
+    at 0, unread: for a classifier that reads only ``Features.text`` and the body shape."""
+    sample = shape.last_user
     if len(sample) > 2 * _SAMPLE_CHARS:
         sample = sample[:_SAMPLE_CHARS] + "\n" + sample[-_SAMPLE_CHARS:]
+    if not text_features:
+        return Features(
+            shape.prompt_tokens,
+            shape.turns,
+            shape.last_user_chars,
+            shape.has_tools,
+            shape.json_mode,
+            0.0,
+            0.0,
+            0,
+            0,
+            shape.max_tokens,
+            shape.reasoning_effort,
+            0.0,
+            shape.hint,
+            shape.model,
+            sample,
+        )
     n = max(1, len(sample))
     lines = sample.count("\n") + 1
     fences = sample.count("```")
     lined = "\n" + sample
     code_lines = len(_CODE_LINE.findall(lined)) if fences or lines > 1 else 0
-    code_density = min(1.0, (code_lines + 3 * fences) / lines)
     lowered = " " + sample.lower().replace("\n", " ")
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    effort = body.get("reasoning_effort")
-    metadata = body.get("metadata")
-    if hint is None and isinstance(metadata, dict):
-        given = metadata.get("switchyard_tier")
-        hint = given if isinstance(given, str) else None
+    # Positional: a 15-field dataclass built with keywords costs half as much again.
     return Features(
-        prompt_tokens=(total_chars + tool_chars) // 4,
-        turns=turns,
-        last_user_chars=len(last_user),
-        has_tools=bool(tools),
-        json_mode=json_mode,
-        code_density=code_density,
-        math_density=min(1.0, 20.0 * _math_hits(sample) / n),
-        reasoning_cues=len(_CUE_STARTS.findall(lowered)) + lowered.count(_SPACED_CUE),
-        questions=sample.count("?") + len(_NUMBERED.findall(lined)),
-        max_tokens=limit if isinstance(limit, int) else None,
-        reasoning_effort=_EFFORT.get(effort) if isinstance(effort, str) else None,
+        shape.prompt_tokens,
+        shape.turns,
+        shape.last_user_chars,
+        shape.has_tools,
+        shape.json_mode,
+        min(1.0, (code_lines + 3 * fences) / lines),  # code_density
+        min(1.0, 20.0 * _math_hits(sample) / n),  # math_density
+        len(_CUE_STARTS.findall(lowered)) + lowered.count(_SPACED_CUE),  # reasoning_cues
+        sample.count("?") + len(_NUMBERED.findall(lined)),  # questions
+        shape.max_tokens,
+        shape.reasoning_effort,
         # CJK text is 3 bytes a character in UTF-8, so this is about 1 for it, 0 for English.
-        non_ascii_share=min(1.0, (len(sample.encode()) - len(sample)) / (2 * n)),
-        hint=hint,
-        model=str(body.get("model", "")),
-        text=sample,
+        min(1.0, (len(sample.encode()) - len(sample)) / (2 * n)),  # non_ascii_share
+        shape.hint,
+        shape.model,
+        sample,
     )
+
+
+def extract(body: Mapping[str, Any], hint: str | None = None) -> Features:
+    """The features of a chat (or completions) request body."""
+    return complete(structure(body, hint))

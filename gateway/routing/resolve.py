@@ -17,7 +17,7 @@ from typing import Any
 from gateway.errors import ModelNotFoundError
 from gateway.policy import Policy
 from gateway.routing.classifiers import Classifier, build
-from gateway.routing.features import Features, extract
+from gateway.routing.features import Features, Structure, complete, structure
 
 AUTO = "auto"
 
@@ -56,6 +56,8 @@ def order_tier(
 ) -> tuple[str, ...]:
     """The tier's deployments in the order attempts should try them."""
     members = policy.tiers[tier]
+    if len(members) == 1:  # one order whatever the load and the circuits say
+        return (members[0].deployment,)
     names = [m.deployment for m in members]
     mode = policy.routing.choice_by_tier.get(tier, policy.routing.choice)
     if mode == "least_outstanding" and in_flight is not None:
@@ -83,30 +85,47 @@ class Decision:
     rule: str | None = None
 
 
+_Choice = tuple[str, str, float | None, str | None]
+
+
 class Router:
-    """The routing decision for one policy, its classifier built once (a loaded policy's
-    snapshot holds its router)."""
+    """The routing decision for one policy, its classifier and rules built once (a loaded
+    policy's snapshot holds its router)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         spec = policy.routing.classifier
         self.classifier: Classifier | None = build(spec) if spec is not None else None
+        self._rules = tuple(rule.compiled() for rule in policy.routing.rules)
 
     def decide(self, body: Mapping[str, Any], hint: str | None = None) -> Decision:
+        """The tier for a body and why, with all of its features (``route explain``)."""
+        shape = structure(body, hint)
+        features = complete(shape)
+        tier, reason, score, rule = self._choose(shape, features)
+        return Decision(tier, reason, features, score=score, rule=rule)
+
+    def _choose(self, shape: Structure, features: Features | None = None) -> _Choice:
+        """The tier, the reason, the score and the rule: the text features are read only when
+        a rule on them, or a classifier that reads them, is reached (``features``, when
+        given, are the complete features of ``shape``)."""
         routing = self.policy.routing
-        features = extract(body, hint)
-        if routing.honor_hint and features.hint in self.policy.tiers:
-            return Decision(features.hint, "hint", features)
-        if routing.rules:
-            values = features.as_dict()
-            for rule in routing.rules:
-                if rule.matches(values):
-                    return Decision(rule.tier, f"rule:{rule.label}", features, rule=rule.label)
+        if routing.honor_hint and shape.hint in self.policy.tiers:
+            return shape.hint, "hint", None, None
+        for rule in self._rules:
+            if rule.structural:
+                matched = rule.matches(shape)
+            else:
+                features = features or complete(shape)
+                matched = rule.matches(features)
+            if matched:
+                return rule.tier, rule.reason, None, rule.label
         if self.classifier is not None:
+            features = features or complete(shape, self.classifier.reads_text_features)
             score = self.classifier.strong_probability(features)
             tier = routing.strong_tier if score >= routing.threshold else routing.fast_tier
-            return Decision(tier, "score", features, score=score)
-        return Decision(routing.default_tier, "default", features)
+            return tier, "score", score, None
+        return routing.default_tier, "default", None, None
 
     def resolve(
         self,
@@ -126,11 +145,11 @@ class Router:
             if name not in policy.tiers:
                 raise ModelNotFoundError(model)
             return Route(name, order_tier(policy, name, available, in_flight), "model")
-        decision = self.decide(body, hint)
-        deployments = order_tier(policy, decision.tier, available, in_flight)
-        if decision.score is not None:
-            return Route(decision.tier, deployments, "score", decision.score, policy.routing.threshold)
-        return Route(decision.tier, deployments, decision.reason)
+        tier, reason, score, _ = self._choose(structure(body, hint))
+        deployments = order_tier(policy, tier, available, in_flight)
+        if score is not None:
+            return Route(tier, deployments, "score", score, policy.routing.threshold)
+        return Route(tier, deployments, reason)
 
 
 def tier_route(policy: Policy, tier: str, reason: str, escalated_from: str | None = None) -> Route:

@@ -39,6 +39,12 @@ class ClassifierSettings(StrictModel):
 class Classifier(ABC):
     """The interface the router uses; built once per loaded policy from its settings."""
 
+    reads_text_features = True
+    """Whether :meth:`strong_probability` reads the text features (code and math density,
+    reasoning cues, questions, non-ASCII share). A classifier that reads only
+    ``Features.text`` and the body-shape features sets it False, and the router then
+    leaves those five at 0 instead of computing them."""
+
     @abstractmethod
     def strong_probability(self, features: Features) -> float:
         """P(the strong tier is needed), in [0, 1]."""
