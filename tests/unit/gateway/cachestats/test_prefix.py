@@ -103,7 +103,7 @@ def test_a_chain_reused_from_a_recent_prompt_equals_one_computed_afresh(
         chain = recent.chain(text, seed)
         if fine_first:
             assert chain.fine == _chain(text, FINE_BYTES, seed)
-        assert list(chain) == _chain(text, CHECKPOINT_BYTES, seed)
+        assert chain == _chain(text, CHECKPOINT_BYTES, seed)
         assert chain.fine == _chain(text, FINE_BYTES, seed)
         assert chain.prompt_bytes == len(text)
 
@@ -138,7 +138,7 @@ def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
         chain = recent.chain(text, 0)
         if fine_first:
             assert chain.fine == _chain(text, FINE_BYTES, 0)
-        assert list(chain) == _chain(text, CHECKPOINT_BYTES, 0)
+        assert chain == _chain(text, CHECKPOINT_BYTES, 0)
         assert chain.fine == _chain(text, FINE_BYTES, 0)
 
 
@@ -153,5 +153,5 @@ def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> N
         recent = _Recent()
         recent.chain(base, 0)
         chain = recent.chain(bytes(text), 0)
-        assert list(chain) == _chain(bytes(text), CHECKPOINT_BYTES, 0)
+        assert chain == _chain(bytes(text), CHECKPOINT_BYTES, 0)
         assert chain.fine == _chain(bytes(text), FINE_BYTES, 0)
