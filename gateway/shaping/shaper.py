@@ -111,6 +111,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         # The prefix hash of the last few (tools JSON, stable head) pairs: a template's requests
         # repeat theirs, as the very same bytes objects (memoized above), hashes cached.
         self._prefix_hashes: dict[tuple[bytes, bytes], str] = {}
+        self._read_head = ("", [""])
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -304,6 +305,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         read = self._reader.read(content, tool_names)
         lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
+        self._read_head = (content, lines)
         result.template = template or skeleton
         key, previous = self._layout(messages, result.template)
         replayed = (
