@@ -169,7 +169,7 @@ def _shifted(known: Checkpoints, at: int, run: int, difference: int, step: int) 
         ^ c[112 | d >> 28 & 15]
     )
     spread &= (1 << 32 * run) - 1
-    packed = int.from_bytes(known[at : at + run].tobytes(), "little") ^ spread
+    packed = int.from_bytes(memoryview(known)[at : at + run], "little") ^ spread
     values = array(_U32)
     values.frombytes(packed.to_bytes(4 * run, "little"))
     return values
