@@ -304,8 +304,8 @@ def _common_steps(
     share ``at_least`` (a memory compare per probe, no copy). Prompts that start alike mostly
     differ near their end: the probes go down from there by doubling gaps, then halve the
     last gap (a few compares instead of a binary search over the whole length); those of a
-    template that differ in an early value (a time, a name near the top) are found by the
-    first probes up from the start, 1, 2 and 4 steps long, instead. Each probe
+    template that differ in an early value (a time, a name near the top) are found among the
+    first :data:`_EARLY_STEPS` steps instead (one compare says whether). Each probe
     compares only the bytes after what is known to be shared (so, given ``at_least`` steps
     that are not shared, it measures the equal stretch from there). ``step``: the step in
     bytes; ``top``: the most steps to count."""
@@ -315,14 +315,11 @@ def _common_steps(
     low, high = at_least, top  # they share low steps; high, if they do, is the answer
     if text.startswith(view[low * step : top * step], low * step):
         return top  # a repeat, or this prompt continues that one
-    for size in _EARLY:  # an early value that changed: a time, a name
-        end = min(low + size, high)
-        if not text.startswith(view[low * step : end * step], low * step):
-            high = end
-            break
-        low = end
+    early = min(low + _EARLY_STEPS, high)
+    if not text.startswith(view[low * step : early * step], low * step):
+        high = early  # an early value that changed: a time, a name
     else:
-        gap = 1
+        low, gap = early, 1
         while high - gap > low:
             probe = high - gap
             if text.startswith(view[low * step : probe * step], low * step):
@@ -339,8 +336,9 @@ def _common_steps(
     return low
 
 
-_EARLY = (1, 2, 4)
-"""The steps :func:`_common_steps` compares first, one stretch after the other from the start."""
+_EARLY_STEPS = 8
+"""The steps :func:`_common_steps` compares first, from the start, when prompts do not simply
+continue: if they differ there, the difference is found among them."""
 _RECENT = _Recent()
 
 
