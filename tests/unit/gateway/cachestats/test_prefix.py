@@ -143,30 +143,29 @@ def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
         assert chain.fine == _chain(text, FINE_BYTES, 0)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 60), st.integers(0, 60), st.integers(0, 60), st.integers(-700, 700))
-def test_the_common_steps_of_two_prompts_are_counted_exactly(
-    differs_at: int, known: int, length: int, end: int
-) -> None:
+def test_the_common_steps_of_two_prompts_are_counted_exactly() -> None:
     # Wherever two prompts first differ (in the first steps, as a new conversation's time does,
-    # near the end, or nowhere) the count of the whole steps they share is exact: too few would
-    # hash what could be reused, too many would reuse what differs.
-    old = bytes(range(256)) * 2 * length  # ``length`` steps
-    text = bytearray(old + bytes(max(0, end)))
-    if differs_at * CHECKPOINT_BYTES + 5 < len(text):
-        text[differs_at * CHECKPOINT_BYTES + 5] ^= 1
-    text = bytearray(text[: len(text) + min(0, end)])
-    top = min(len(text), len(old)) // CHECKPOINT_BYTES
-    shared = next(
-        (
-            n
-            for n in range(top)
-            if text[n * CHECKPOINT_BYTES : (n + 1) * CHECKPOINT_BYTES]
-            != old[n * CHECKPOINT_BYTES : (n + 1) * CHECKPOINT_BYTES]
-        ),
-        top,
-    )
-    assert _common_steps(bytes(text), old, min(known, shared)) == shared
+    # at the edge of the steps compared first, near the end, or nowhere) the count of the
+    # whole steps they share is exact: too few would hash what could be reused, too many
+    # would reuse what differs.
+    for length in (0, 1, 7, 8, 9, 17, 40):
+        old = bytes(range(256)) * 2 * length  # ``length`` steps
+        for end in (-600, -1, 0, 1, 600):
+            for differs_at in range(length + 2):
+                text = bytearray(old + bytes(max(0, end)))
+                if differs_at * CHECKPOINT_BYTES + 5 < len(text):
+                    text[differs_at * CHECKPOINT_BYTES + 5] ^= 1
+                text = text[: len(text) + min(0, end)]
+                top = min(len(text), len(old)) // CHECKPOINT_BYTES
+                shared = min(differs_at, top)
+                for known in {0, 1, 7, 8, 9, shared}:
+                    if known <= shared:
+                        assert _common_steps(bytes(text), old, known) == shared, (
+                            length,
+                            end,
+                            differs_at,
+                            known,
+                        )
 
 
 def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> None:
