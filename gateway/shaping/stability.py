@@ -26,8 +26,8 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import add, is_not, le
+from itertools import repeat
+from operator import add, le
 
 import structlog
 from redis.asyncio import Redis
@@ -44,7 +44,6 @@ SAMPLE_EVERY = 4
 SAMPLE_MORE_AFTER = 256
 SAMPLE_EVERY_MORE = 16
 TTL_S = 3 * HOUR_S
-_LOOKED_UP = 16  # more hashes than this new since the last verdicts: all are looked up
 
 
 def _key(template: str, hour: int) -> str:
@@ -57,9 +56,6 @@ class _Counts:
     lines: dict[str, int] = field(default_factory=dict)
     fresh: bool = False  # loaded from Redis at least once
     calls: int = 0  # requests seen by this process, counted or not
-    version: int = 0  # changes whenever the counts do
-    last: tuple[list[str], int, int, list[bool | None]] | None = None
-    """The last verdicts read: the hashes, the count needed, ``version`` then, the verdicts."""
 
 
 class StabilityModel:
@@ -74,32 +70,14 @@ class StabilityModel:
     def verdicts(
         self, template: str, hashes: list[str], min_requests: int, stable_share: float
     ) -> list[bool | None]:
-        """Per line: True stable, False volatile, None not known yet (a list the caller must not
-        change: the next call may return it again).
-
-        A template's requests mostly repeat the last one's hashes, as the very same strings (a
-        head is read against the last one): while the counts have not changed since, only the
-        hashes that are not those are looked up."""
+        """Per line: True stable, False volatile, None not known yet."""
         counts = self._templates.get(template)
         if counts is None or counts.n < min_requests:
             return [None] * len(hashes)
         # Counts are whole: count >= share * n is count >= its ceiling, compared at C speed
         # (no Python frame per line).
         need = math.ceil(stable_share * counts.n)
-        last = counts.last
-        if last is not None and last[1] == need and last[2] == counts.version and len(last[0]) == len(hashes):
-            changed = list(compress(range(len(hashes)), map(is_not, hashes, last[0])))
-            if len(changed) <= _LOOKED_UP:
-                verdicts = last[3]
-                if changed:
-                    verdicts = list(verdicts)
-                    get = counts.lines.get
-                    for i in changed:
-                        verdicts[i] = get(hashes[i], 0) >= need
-                counts.last = (hashes, need, counts.version, verdicts)
-                return verdicts
-        verdicts = list(map(le, repeat(need), map(counts.lines.get, hashes, repeat(0))))
-        counts.last = (hashes, need, counts.version, verdicts)
+        verdicts: list[bool | None] = list(map(le, repeat(need), map(counts.lines.get, hashes, repeat(0))))
         return verdicts
 
     def observe(self, template: str, hashes: list[str], writer: StatsWriter | None) -> None:
@@ -119,7 +97,6 @@ class StabilityModel:
         ):
             return  # a busy template: a sample keeps the shares (and costs a fraction)
         counts.n += 1
-        counts.version += 1
         distinct = set(hashes)
         lines = counts.lines
         # One more for each, at C speed (no Python frame per line): each pair's count is read
@@ -172,4 +149,3 @@ class StabilityModel:
             counts = self._templates.get(name)
             if counts is not None and n >= counts.n:
                 counts.n, counts.lines, counts.fresh = n, merged, True
-                counts.version += 1
