@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ class RequestContext:
     hedged: bool = False
     escalated: str | None = None
     shape: ShapeResult | None = None
-    prefix_chain: list[int] | None = None
+    prefix_chain: Sequence[int] | None = None
     prefix_hit_tokens: int | None = None
     fallback_tier: str | None = None
     timeout_override: Timeouts | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -83,7 +84,7 @@ class Accounting:
         self._redis = redis
         self._slots = max_pending_expectations
         self._interval_s = interval_s
-        self._pending: list[tuple[str, str, str, list[int], float]] = []
+        self._pending: list[tuple[str, str, str, Sequence[int], float]] = []
         self.expectations_dropped = 0
         self._minute = -1
         self._keys = ("", "")  # this minute's bucket key and its day's cost key

@@ -30,8 +30,8 @@ import time
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
@@ -45,10 +45,17 @@ VLLM_BLOCK_TOKENS = 16
 """vLLM's block size on GPUs, the assumption until the deployment says otherwise."""
 KEY_PREFIX = "sy:pfx:"
 _FINE_KEY_PREFIX = "sy:pfx64:"
+_U32 = "I" if array("I").itemsize == 4 else "L"
+if TYPE_CHECKING:
+    Checkpoints = array[int]
+else:
+    Checkpoints = array
+"""A chain's values: unsigned 32-bit integers, packed (reading a run of them back costs a
+copy of memory, not a Python integer each)."""
 
 
-def _chain(text: bytes | memoryview, step: int, seed: int) -> list[int]:
-    out = []
+def _chain(text: bytes | memoryview, step: int, seed: int) -> Checkpoints:
+    out = array(_U32)
     crc = seed
     for start in range(0, len(text) - step + 1, step):
         crc = zlib.crc32(text[start : start + step], crc)
@@ -57,8 +64,8 @@ def _chain(text: bytes | memoryview, step: int, seed: int) -> list[int]:
 
 
 def _continued(
-    text: bytes, step: int, seed: int, known: list[int], common_bytes: int, old: bytes | None = None
-) -> list[int]:
+    text: bytes, step: int, seed: int, known: Checkpoints, common_bytes: int, old: bytes | None = None
+) -> Checkpoints:
     """The chain of ``text``, reusing ``known`` (the chain of ``old``, a prompt whose first
     ``common_bytes`` bytes are the same): its checkpoints inside the common bytes are this
     prompt's too, and the CRC runs on from the last of them over what follows. Where, after
@@ -71,7 +78,7 @@ def _continued(
     if top - reused <= _MIN_RUN:
         if not reused:
             return _chain(text, step, seed)
-        return [*known[:reused], *_chain(memoryview(text)[reused * step :], step, known[reused - 1])]
+        return known[:reused] + _chain(memoryview(text)[reused * step :], step, known[reused - 1])
     assert old is not None  # top is 0 without it
     out = known[:reused]
     crc = out[-1] if out else seed
@@ -105,7 +112,6 @@ than hashing, no more)."""
 _MAX_CARRIED = 2048
 """Steps a difference is carried over at once (a longer equal stretch takes a few): bounds
 :func:`_columns`' tables, 128 integers of this many 32-bit values per step size (1 MB)."""
-_U32 = "I" if array("I").itemsize == 4 else "L"
 _COLUMNS: dict[int, tuple[int, list[int]]] = {}
 
 
@@ -140,7 +146,7 @@ def _columns(step: int, steps: int) -> list[int]:
     return columns
 
 
-def _shifted(known: list[int], at: int, run: int, difference: int, step: int) -> list[int]:
+def _shifted(known: Checkpoints, at: int, run: int, difference: int, step: int) -> Checkpoints:
     """``known[at : at + run]`` for a prompt with the same bytes there whose checkpoint before
     them differs from ``known``'s by ``difference`` (XOR).
 
@@ -163,45 +169,55 @@ def _shifted(known: list[int], at: int, run: int, difference: int, step: int) ->
         ^ c[112 | d >> 28 & 15]
     )
     spread &= (1 << 32 * run) - 1
-    packed = int.from_bytes(array(_U32, known[at : at + run]).tobytes(), "little") ^ spread
+    packed = int.from_bytes(memoryview(known)[at : at + run], "little") ^ spread
     values = array(_U32)
     values.frombytes(packed.to_bytes(4 * run, "little"))
-    return values.tolist()
+    return values
 
 
-class PrefixChain(list[int]):
-    """The checkpoint chain of a prompt (a ``list`` of :data:`CHECKPOINT_BYTES` steps), with
+class PrefixChain(Checkpoints):
+    """The checkpoint chain of a prompt (an ``array`` of :data:`CHECKPOINT_BYTES` steps), with
     the prompt's length and, computed on first use, the :data:`FINE_BYTES` chain that vLLM
     deployments are looked up with."""
 
     __slots__ = ("_common", "_fine", "_fine_known", "_old", "_seed", "_text", "prompt_bytes")
 
-    def __init__(
-        self,
+    _text: bytes | None
+    _seed: int
+    _fine: Checkpoints | None
+    _fine_known: Checkpoints | None
+    _old: bytes | None
+    _common: int
+    prompt_bytes: int
+
+    def __new__(
+        cls,
         text: bytes,
         seed: int,
         known: PrefixChain | None = None,
         common_bytes: int = 0,
         old: bytes | None = None,
-    ) -> None:
+    ) -> PrefixChain:
         """``known``: the chain of ``old``, a prompt whose first ``common_bytes`` bytes are
         this one's (see :func:`_continued`)."""
         if known is None:
-            super().__init__(_chain(text, CHECKPOINT_BYTES, seed))
+            values = _chain(text, CHECKPOINT_BYTES, seed)
         else:
-            super().__init__(_continued(text, CHECKPOINT_BYTES, seed, known, common_bytes, old))
-        self._text: bytes | None = text
+            values = _continued(text, CHECKPOINT_BYTES, seed, known, common_bytes, old)
+        self = super().__new__(cls, _U32, values)
+        self._text = text
         self._seed = seed
-        self._fine: list[int] | None = None
+        self._fine = None
         # The fine chain of the prompt this one starts like, if it was computed: reused too
         # (and that prompt, to reuse it past where they differ).
         self._fine_known = known._fine if known is not None else None
         self._old = old if self._fine_known is not None else None
         self._common = common_bytes
         self.prompt_bytes = len(text)
+        return self
 
     @property
-    def fine(self) -> list[int]:
+    def fine(self) -> Checkpoints:
         """The chain in :data:`FINE_BYTES` steps."""
         if self._fine is None:
             text = self._text or b""
@@ -287,7 +303,9 @@ def _common_steps(
     """How many whole checkpoint steps ``text`` and ``old`` share from the start, knowing they
     share ``at_least`` (a memory compare per probe, no copy). Prompts that start alike mostly
     differ near their end: the probes go down from there by doubling gaps, then halve the
-    last gap (a few compares instead of a binary search over the whole length). Each probe
+    last gap (a few compares instead of a binary search over the whole length); those of a
+    template that differ in an early value (a time, a name near the top) are found among the
+    first :data:`_EARLY_STEPS` steps instead (one compare says whether). Each probe
     compares only the bytes after what is known to be shared (so, given ``at_least`` steps
     that are not shared, it measures the equal stretch from there). ``step``: the step in
     bytes; ``top``: the most steps to count."""
@@ -297,16 +315,18 @@ def _common_steps(
     low, high = at_least, top  # they share low steps; high, if they do, is the answer
     if text.startswith(view[low * step : top * step], low * step):
         return top  # a repeat, or this prompt continues that one
-    if not text.startswith(view[low * step : (low + 1) * step], low * step):
-        return low  # they differ right away (an early value that changed: a time, a name)
-    gap = 1
-    while high - gap > low:
-        probe = high - gap
-        if text.startswith(view[low * step : probe * step], low * step):
-            low = probe
-            break
-        high = probe
-        gap *= 2
+    early = min(low + _EARLY_STEPS, high)
+    if not text.startswith(view[low * step : early * step], low * step):
+        high = early  # an early value that changed: a time, a name
+    else:
+        low, gap = early, 1
+        while high - gap > low:
+            probe = high - gap
+            if text.startswith(view[low * step : probe * step], low * step):
+                low = probe
+                break
+            high = probe
+            gap *= 2
     while high - low > 1:
         mid = (low + high) // 2
         if text.startswith(view[low * step : mid * step], low * step):
@@ -316,6 +336,9 @@ def _common_steps(
     return low
 
 
+_EARLY_STEPS = 8
+"""The steps :func:`_common_steps` compares first, from the start, when prompts do not simply
+continue: if they differ there, the difference is found among them."""
 _RECENT = _Recent()
 
 
@@ -360,7 +383,7 @@ class Geometries:
         """Prompt bytes per token of the deployment's tokenizer (calibrated; 4 until then)."""
         return self._bytes_per_token.get(deployment, CHECKPOINT_BYTES / CHECKPOINT_TOKENS)
 
-    def observe(self, deployment: str, chain: list[int] | None, prompt_tokens: int | None) -> None:
+    def observe(self, deployment: str, chain: Sequence[int] | None, prompt_tokens: int | None) -> None:
         """Calibrate bytes per token from a finished request's rendered prompt and usage."""
         if not isinstance(chain, PrefixChain) or not prompt_tokens or deployment not in self._block_tokens:
             return
@@ -372,7 +395,7 @@ class Geometries:
             sample if before is None else before + self.RATIO_WEIGHT * (sample - before)
         )
 
-    def lookup_chain(self, deployment: str, chain: list[int]) -> tuple[list[int], int]:
+    def lookup_chain(self, deployment: str, chain: Sequence[int]) -> tuple[Sequence[int], int]:
         """The chain to look ``deployment`` up with, and its step in bytes."""
         if isinstance(chain, PrefixChain) and deployment in self._block_tokens:
             return chain.fine, FINE_BYTES
@@ -399,7 +422,7 @@ class LocalPrefixes:
         self._capacity = capacity
         self.geometry = GEOMETRY if geometry is None else geometry
 
-    def expect_and_add(self, deployment: str, chain: list[int], ttl_s: float) -> int:
+    def expect_and_add(self, deployment: str, chain: Sequence[int], ttl_s: float) -> int:
         """Expected cached tokens for this chain; then remember it."""
         chain, step = self.geometry.lookup_chain(deployment, chain)
         now = time.monotonic()
@@ -420,7 +443,7 @@ class LocalPrefixes:
 
 
 async def expect_shared(
-    redis: Redis, batch: list[tuple[str, list[int], float]], geometry: Geometries | None = None
+    redis: Redis, batch: list[tuple[str, Sequence[int], float]], geometry: Geometries | None = None
 ) -> list[int]:
     """Expected cached tokens for each ``(deployment, chain, ttl_s)``, from the checkpoints any
     replica recorded, in one round trip; records the chains. Within the batch, a chain also

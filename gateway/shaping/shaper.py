@@ -56,6 +56,11 @@ _PREFIX_HASHES_KEPT = 256
 __all__ = ["REASONS", "PolicyShaper", "ShapeResult"]
 
 
+def _hasher(data: bytes) -> hashlib.blake2b:
+    """The prefix hash's state after ``data`` (BLAKE2b, 8 bytes)."""
+    return hashlib.blake2b(data, digest_size=8)
+
+
 @dataclass(frozen=True, slots=True)
 class _ShapedTools:
     """A request's tools as shaping leaves them (see :meth:`PolicyShaper._shaped_tools`)."""
@@ -68,6 +73,9 @@ class _ShapedTools:
     """Whether sorting changed their order."""
     json: bytes
     """Their JSON with sorted keys (for the prefix hash and its token count)."""
+    hashed: hashlib.blake2b
+    """The prefix hash's state after their JSON (copied per request: only the stable head
+    that follows is hashed then)."""
 
 
 class PolicyShaper(Decisions, HeadSignatures):
@@ -103,6 +111,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         # The prefix hash of the last few (tools JSON, stable head) pairs: a template's requests
         # repeat theirs, as the very same bytes objects (memoized above), hashes cached.
         self._prefix_hashes: dict[tuple[bytes, bytes], str] = {}
+        self._read_head = ("", [""])
 
     def _canonical(self, obj: Any) -> Any:
         """A tool or response format in canonical form (:mod:`gateway.shaping.canonical`;
@@ -126,9 +135,8 @@ class PolicyShaper(Decisions, HeadSignatures):
         names = ",".join(sorted(_tool_name(t) for t in tools))
         out = [self._canonical(tool) for tool in tools]
         ordered = sorted(out, key=_tool_name) if self.policy.sort_tools and out else out
-        found = _ShapedTools(
-            names, tuple(ordered), ordered != out, orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
-        )
+        data = orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
+        found = _ShapedTools(names, tuple(ordered), ordered != out, data, _hasher(data))
         if len(self._tools_memo) > 1024:
             self._tools_memo.clear()
         self._tools_memo[raw] = found
@@ -203,20 +211,26 @@ class PolicyShaper(Decisions, HeadSignatures):
                 messages, head, tool_names, result, stability, writer, template, at
             )
         if shaped_tools is not None:
-            tools_json = shaped_tools.json
+            tools_json, hashed = shaped_tools.json, shaped_tools.hashed
         else:
             tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
+            hashed = None
         result.stable_prefix_tokens += len(tools_json) // 4
-        result.prefix_hash = self._prefix_hash(tools_json, stable_head)
+        result.prefix_hash = self._prefix_hash(tools_json, stable_head, hashed)
         self._signature(body, result)
         return result
 
-    def _prefix_hash(self, tools_json: bytes, stable_head: bytes) -> str:
-        """The hash of the tools and the stable head (memoized: a template's requests repeat it)."""
+    def _prefix_hash(
+        self, tools_json: bytes, stable_head: bytes, hashed: hashlib.blake2b | None = None
+    ) -> str:
+        """The hash of the tools and the stable head (memoized: a template's requests repeat it).
+        ``hashed``: the hash's state after ``tools_json`` (see :class:`_ShapedTools`)."""
         key = (tools_json, stable_head)
         found = self._prefix_hashes.get(key)
         if found is None:
-            found = hashlib.blake2b(tools_json + stable_head, digest_size=8).hexdigest()
+            state = hashed.copy() if hashed is not None else _hasher(tools_json)
+            state.update(stable_head)
+            found = state.hexdigest()
             keep(self._prefix_hashes, key, found, _PREFIX_HASHES_KEPT)
         return found
 
@@ -291,6 +305,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         """Shape a string head by its self-contained units (:mod:`gateway.shaping.units`)."""
         read = self._reader.read(content, tool_names)
         lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
+        self._read_head = (content, lines)
         result.template = template or skeleton
         key, previous = self._layout(messages, result.template)
         replayed = (

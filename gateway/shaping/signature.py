@@ -36,6 +36,9 @@ class HeadSignatures:
     _signed_heads: dict[
         str, tuple[str, list[str], list[tuple[str, str, str] | None], list[tuple[str, str, str]]]
     ]
+    _read_head: tuple[str, list[str]]
+    """The last string head read and its lines (a head that shaping left as it was is signed
+    from them: no split)."""
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
         """The segments of the first requests of a template, then of every tenth (the
@@ -95,7 +98,8 @@ class HeadSignatures:
         memo = self._signed_heads.get(template)
         if memo is not None and memo[0] == content:
             return memo[3]
-        lines = content.split("\n")
+        read = self._read_head
+        lines = read[1] if read[0] is content else content.split("\n")
         line_segment = self._line_segment
         if memo is not None and len(memo[1]) == len(lines):
             per_line = list(memo[2])

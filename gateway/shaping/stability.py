@@ -8,8 +8,9 @@ stable; one found in fewer is volatile (a user's name, a retrieved snippet: cont
 detector knows). Until a template has ``learn_min_requests`` requests the detectors
 alone decide.
 
-Once a template has 64 requests counted, one request in four is counted: the shares a
-verdict reads stay the same, and the request path does a quarter of the work.
+Once a template has 64 requests counted, one request in four is counted, and once it has
+256, one in sixteen: the shares a verdict reads stay the same (a few hundred requests
+measure a share to a few points), and the request path does a fraction of the work.
 
 The request path reads only in-process counts. They are updated with each request and
 replaced, off the request path, by the shared counts from Redis (every few seconds, and
@@ -40,6 +41,8 @@ COUNT_FIELD = "__n"
 HOUR_S = 3600
 SAMPLE_AFTER = 64
 SAMPLE_EVERY = 4
+SAMPLE_MORE_AFTER = 256
+SAMPLE_EVERY_MORE = 16
 TTL_S = 3 * HOUR_S
 
 
@@ -89,8 +92,10 @@ class StabilityModel:
         else:
             self._templates.move_to_end(template)
         counts.calls += 1
-        if counts.n >= SAMPLE_AFTER and counts.calls % SAMPLE_EVERY:
-            return  # a busy template: a sample keeps the shares (and costs a quarter)
+        if counts.n >= SAMPLE_AFTER and counts.calls % (
+            SAMPLE_EVERY if counts.n < SAMPLE_MORE_AFTER else SAMPLE_EVERY_MORE
+        ):
+            return  # a busy template: a sample keeps the shares (and costs a fraction)
         counts.n += 1
         distinct = set(hashes)
         lines = counts.lines

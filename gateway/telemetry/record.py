@@ -9,6 +9,7 @@ figures.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,7 @@ class FinishedRequest:
     completion_tokens: int | None
     cost_nano_usd: int
     shape: ShapeResult | None
-    prefix_chain: list[int] | None
+    prefix_chain: Sequence[int] | None
     cache_ttl_s: float
     route: Route | None = None
     """The router's decision (tier, reason, classifier score), before any escalation."""

@@ -15,6 +15,7 @@ from gateway.cachestats.prefix import (
     Geometries,
     LocalPrefixes,
     _chain,
+    _common_steps,
     _Recent,
     checkpoints,
 )
@@ -103,7 +104,7 @@ def test_a_chain_reused_from_a_recent_prompt_equals_one_computed_afresh(
         chain = recent.chain(text, seed)
         if fine_first:
             assert chain.fine == _chain(text, FINE_BYTES, seed)
-        assert list(chain) == _chain(text, CHECKPOINT_BYTES, seed)
+        assert chain == _chain(text, CHECKPOINT_BYTES, seed)
         assert chain.fine == _chain(text, FINE_BYTES, seed)
         assert chain.prompt_bytes == len(text)
 
@@ -138,8 +139,33 @@ def test_a_chain_carried_over_equal_bytes_equals_one_computed_afresh(
         chain = recent.chain(text, 0)
         if fine_first:
             assert chain.fine == _chain(text, FINE_BYTES, 0)
-        assert list(chain) == _chain(text, CHECKPOINT_BYTES, 0)
+        assert chain == _chain(text, CHECKPOINT_BYTES, 0)
         assert chain.fine == _chain(text, FINE_BYTES, 0)
+
+
+def test_the_common_steps_of_two_prompts_are_counted_exactly() -> None:
+    # Wherever two prompts first differ (in the first steps, as a new conversation's time does,
+    # at the edge of the steps compared first, near the end, or nowhere) the count of the
+    # whole steps they share is exact: too few would hash what could be reused, too many
+    # would reuse what differs.
+    for length in (0, 1, 7, 8, 9, 17, 40):
+        old = bytes(range(256)) * 2 * length  # ``length`` steps
+        for end in (-600, -1, 0, 1, 600):
+            for differs_at in range(length + 2):
+                text = bytearray(old + bytes(max(0, end)))
+                if differs_at * CHECKPOINT_BYTES + 5 < len(text):
+                    text[differs_at * CHECKPOINT_BYTES + 5] ^= 1
+                text = text[: len(text) + min(0, end)]
+                top = min(len(text), len(old)) // CHECKPOINT_BYTES
+                shared = min(differs_at, top)
+                for known in {0, 1, 7, 8, 9, shared}:
+                    if known <= shared:
+                        assert _common_steps(bytes(text), old, known) == shared, (
+                            length,
+                            end,
+                            differs_at,
+                            known,
+                        )
 
 
 def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> None:
@@ -153,5 +179,5 @@ def test_a_prompt_differing_every_few_steps_has_the_chain_computed_afresh() -> N
         recent = _Recent()
         recent.chain(base, 0)
         chain = recent.chain(bytes(text), 0)
-        assert list(chain) == _chain(bytes(text), CHECKPOINT_BYTES, 0)
+        assert chain == _chain(bytes(text), CHECKPOINT_BYTES, 0)
         assert chain.fine == _chain(bytes(text), FINE_BYTES, 0)
