@@ -223,30 +223,21 @@ def complete(shape: Structure, text_features: bool = True) -> Features:
     sample = shape.last_user
     if len(sample) > 2 * _SAMPLE_CHARS:
         sample = sample[:_SAMPLE_CHARS] + "\n" + sample[-_SAMPLE_CHARS:]
-    if not text_features:
-        return Features(
-            shape.prompt_tokens,
-            shape.turns,
-            shape.last_user_chars,
-            shape.has_tools,
-            shape.json_mode,
-            0.0,
-            0.0,
-            0,
-            0,
-            shape.max_tokens,
-            shape.reasoning_effort,
-            0.0,
-            shape.hint,
-            shape.model,
-            sample,
-        )
-    n = max(1, len(sample))
-    lines = sample.count("\n") + 1
-    fences = sample.count("```")
-    lined = "\n" + sample
-    code_lines = len(_CODE_LINE.findall(lined)) if fences or lines > 1 else 0
-    lowered = " " + sample.lower().replace("\n", " ")
+    code_density = math_density = non_ascii_share = 0.0
+    reasoning_cues = questions = 0
+    if text_features:
+        n = max(1, len(sample))
+        lines = sample.count("\n") + 1
+        fences = sample.count("```")
+        lined = "\n" + sample
+        code_lines = len(_CODE_LINE.findall(lined)) if fences or lines > 1 else 0
+        lowered = " " + sample.lower().replace("\n", " ")
+        code_density = min(1.0, (code_lines + 3 * fences) / lines)
+        math_density = min(1.0, 20.0 * _math_hits(sample) / n)
+        reasoning_cues = len(_CUE_STARTS.findall(lowered)) + lowered.count(_SPACED_CUE)
+        questions = sample.count("?") + len(_NUMBERED.findall(lined))
+        # CJK text is 3 bytes a character in UTF-8, so this is about 1 for it, 0 for English.
+        non_ascii_share = min(1.0, (len(sample.encode()) - len(sample)) / (2 * n))
     # Positional: a 15-field dataclass built with keywords costs half as much again.
     return Features(
         shape.prompt_tokens,
@@ -254,14 +245,13 @@ def complete(shape: Structure, text_features: bool = True) -> Features:
         shape.last_user_chars,
         shape.has_tools,
         shape.json_mode,
-        min(1.0, (code_lines + 3 * fences) / lines),  # code_density
-        min(1.0, 20.0 * _math_hits(sample) / n),  # math_density
-        len(_CUE_STARTS.findall(lowered)) + lowered.count(_SPACED_CUE),  # reasoning_cues
-        sample.count("?") + len(_NUMBERED.findall(lined)),  # questions
+        code_density,
+        math_density,
+        reasoning_cues,
+        questions,
         shape.max_tokens,
         shape.reasoning_effort,
-        # CJK text is 3 bytes a character in UTF-8, so this is about 1 for it, 0 for English.
-        min(1.0, (len(sample.encode()) - len(sample)) / (2 * n)),  # non_ascii_share
+        non_ascii_share,
         shape.hint,
         shape.model,
         sample,
