@@ -563,8 +563,8 @@ def shaping_cost(
             .replace(b"NEWEST", f"Any news? This is my message {i}, sent at 10:{i % 3600:04d}.".encode())
         )
         started = time.thread_time()
-        shaper.shape(fresh, stability, writer)
-        checkpoints(fresh)
+        shaped = shaper.shape(fresh, stability, writer)
+        checkpoints(fresh, shaped.rendered_tools)
         times.append(time.thread_time() - started)
     tokens = len(raw) // 4
     times.sort()
