@@ -240,13 +240,19 @@ def test_the_shaped_tools_render_as_the_body_carries_them() -> None:
 
     def tool(name: str) -> dict[str, Any]:
         schema = {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}
-        return {"function": {"parameters": schema, "name": name, "description": "é \u00ed"}, "type": "function"}
+        return {
+            "function": {"parameters": schema, "name": name, "description": "é \u00ed"},
+            "type": "function",
+        }
 
     shaper = PolicyShaper(ShapingPolicy())
     for turn in range(3):
         body = {
             "model": "fast",
-            "messages": [{"role": "system", "content": f"Rules.\nTurn {turn}"}, {"role": "user", "content": "hi"}],
+            "messages": [
+                {"role": "system", "content": f"Rules.\nTurn {turn}"},
+                {"role": "user", "content": "hi"},
+            ],
             "tools": [tool("read_file"), tool("edit_file"), tool("bash")],
         }
         result = shaper.shape(body, StabilityModel())
