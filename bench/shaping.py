@@ -564,7 +564,10 @@ def shaping_cost(
         )
         started = time.thread_time()
         shaped = shaper.shape(fresh, stability, writer)
-        checkpoints(fresh, shaped.rendered_tools)
+        # The tools' bytes as shaping rendered them (what the gateway passes on); a checkout
+        # from before they were kept (``--baseline``) renders them itself.
+        rendered = getattr(shaped, "rendered_tools", None)
+        checkpoints(fresh, rendered) if rendered is not None else checkpoints(fresh)
         times.append(time.thread_time() - started)
     tokens = len(raw) // 4
     times.sort()
