@@ -563,8 +563,11 @@ def shaping_cost(
             .replace(b"NEWEST", f"Any news? This is my message {i}, sent at 10:{i % 3600:04d}.".encode())
         )
         started = time.thread_time()
-        shaper.shape(fresh, stability, writer)
-        checkpoints(fresh)
+        shaped = shaper.shape(fresh, stability, writer)
+        # The tools' bytes as shaping rendered them (what the gateway passes on); a checkout
+        # from before they were kept (``--baseline``) renders them itself.
+        rendered = getattr(shaped, "rendered_tools", None)
+        checkpoints(fresh, rendered) if rendered is not None else checkpoints(fresh)
         times.append(time.thread_time() - started)
     tokens = len(raw) // 4
     times.sort()

@@ -45,27 +45,43 @@ def content_bytes(content: object) -> bytes:
     return orjson.dumps(content)
 
 
-def render_chat(body: Mapping[str, object]) -> bytes:
+def render_chat(body: Mapping[str, object], rendered_tools: bytes | None = None) -> bytes:
     """The prompt a chat template would render for a chat request body.
 
     Each tool as ``orjson.dumps(tool)`` in request order (no separator), then each
     message as ``<|role|>\\n{content}{tool_calls JSON}\\n``. Message fields other than
-    ``role``, ``content`` and ``tool_calls`` are not part of the prompt.
+    ``role``, ``content`` and ``tool_calls`` are not part of the prompt. ``rendered_tools``:
+    the tools' part, when the caller has it (shaping renders a tool set once).
     """
-    parts: list[bytes] = []
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        parts.extend(orjson.dumps(tool) for tool in tools)
+    if rendered_tools is not None:
+        parts = [rendered_tools]
+    else:
+        tools = body.get("tools")
+        parts = list(map(orjson.dumps, tools)) if isinstance(tools, list) else []
     messages = body.get("messages")
     if isinstance(messages, list):
+        append = parts.append
         for message in messages:
             if not isinstance(message, dict):
                 continue
             role = message.get("role")
-            parts.append(b"<|" + text_bytes(role if isinstance(role, str) else "") + b"|>\n")
-            parts.append(content_bytes(message.get("content")))
+            if not isinstance(role, str):
+                role = ""
+            opening = _OPENINGS.get(role)
+            append(b"<|" + text_bytes(role) + b"|>\n" if opening is None else opening)
+            content = message.get("content")
+            if isinstance(content, str):  # text_bytes, without a call per message
+                append(content.encode("utf-8", "surrogatepass"))
+            else:
+                append(content_bytes(content))
             tool_calls = message.get("tool_calls")
             if tool_calls:
-                parts.append(orjson.dumps(tool_calls))
-            parts.append(b"\n")
+                append(orjson.dumps(tool_calls))
+            append(b"\n")
     return b"".join(parts)
+
+
+_OPENINGS = {
+    role: f"<|{role}|>\n".encode() for role in ("", "system", "developer", "user", "assistant", "tool")
+}
+"""A message's opening, per common role (built once, not per message)."""

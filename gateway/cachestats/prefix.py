@@ -84,12 +84,17 @@ def _continued(
     crc = out[-1] if out else seed
     view = memoryview(old)
     i, misses = reused, 0
+    end = top * step
     while i < top and misses < _MAX_MISSES:
         at = i * step
         if i + _MIN_RUN <= top and text.startswith(view[at : at + _MIN_RUN * step], at):
-            # Equal for long enough to carry the difference (one compare says whether).
-            run = min(_common_steps(text, old, i + _MIN_RUN, step, top) - i, _MAX_CARRIED)
-            out += _shifted(known, i, run, crc ^ (known[i - 1] if i else seed), step)
+            # Equal for long enough to carry the difference (one compare says whether); mostly
+            # up to the end (a value near the top changed, nothing after it).
+            if text.startswith(view[at + _MIN_RUN * step : end], at + _MIN_RUN * step):
+                run = min(top - i, _MAX_CARRIED)
+            else:
+                run = min(_common_steps(text, old, i + _MIN_RUN, step, top, False) - i, _MAX_CARRIED)
+            _shifted(out, known, i, run, crc ^ (known[i - 1] if i else seed), step)
             crc = out[-1]
             i += run
             continue
@@ -146,9 +151,9 @@ def _columns(step: int, steps: int) -> list[int]:
     return columns
 
 
-def _shifted(known: Checkpoints, at: int, run: int, difference: int, step: int) -> Checkpoints:
-    """``known[at : at + run]`` for a prompt with the same bytes there whose checkpoint before
-    them differs from ``known``'s by ``difference`` (XOR).
+def _shifted(out: Checkpoints, known: Checkpoints, at: int, run: int, difference: int, step: int) -> None:
+    """Append to ``out`` ``known[at : at + run]`` for a prompt with the same bytes there whose
+    checkpoint before them differs from ``known``'s by ``difference`` (XOR).
 
     zlib's CRC-32 of the same bytes from two starting values differs by a linear function
     of the starting values' difference that depends only on the length: ``crc32(d, a) ^
@@ -170,9 +175,7 @@ def _shifted(known: Checkpoints, at: int, run: int, difference: int, step: int) 
     )
     spread &= (1 << 32 * run) - 1
     packed = int.from_bytes(memoryview(known)[at : at + run], "little") ^ spread
-    values = array(_U32)
-    values.frombytes(packed.to_bytes(4 * run, "little"))
-    return values
+    out.frombytes(packed.to_bytes(4 * run, "little"))
 
 
 class PrefixChain(Checkpoints):
@@ -298,7 +301,12 @@ class _Recent:
 
 
 def _common_steps(
-    text: bytes, old: bytes, at_least: int = 0, step: int = CHECKPOINT_BYTES, top: int | None = None
+    text: bytes,
+    old: bytes,
+    at_least: int = 0,
+    step: int = CHECKPOINT_BYTES,
+    top: int | None = None,
+    to_top: bool = True,
 ) -> int:
     """How many whole checkpoint steps ``text`` and ``old`` share from the start, knowing they
     share ``at_least`` (a memory compare per probe, no copy). Prompts that start alike mostly
@@ -308,12 +316,13 @@ def _common_steps(
     first :data:`_EARLY_STEPS` steps instead (one compare says whether). Each probe
     compares only the bytes after what is known to be shared (so, given ``at_least`` steps
     that are not shared, it measures the equal stretch from there). ``step``: the step in
-    bytes; ``top``: the most steps to count."""
+    bytes; ``top``: the most steps to count; ``to_top`` False: they are known to differ
+    before it (not compared up to it first)."""
     view = memoryview(old)
     if top is None:
         top = min(len(text), len(old)) // step
     low, high = at_least, top  # they share low steps; high, if they do, is the answer
-    if text.startswith(view[low * step : top * step], low * step):
+    if to_top and text.startswith(view[low * step : top * step], low * step):
         return top  # a repeat, or this prompt continues that one
     early = min(low + _EARLY_STEPS, high)
     if not text.startswith(view[low * step : early * step], low * step):
@@ -342,12 +351,12 @@ continue: if they differ there, the difference is found among them."""
 _RECENT = _Recent()
 
 
-def checkpoints(body: Mapping[str, Any]) -> PrefixChain:
+def checkpoints(body: Mapping[str, Any], rendered_tools: bytes | None = None) -> PrefixChain:
     """The chain of checkpoint hashes of a chat body's rendered prompt (full checkpoints only),
-    seeded by its ``cache_salt``."""
+    seeded by its ``cache_salt``. ``rendered_tools``: its tools' prompt bytes, when known."""
     salt = body.get("cache_salt")
     seed = zlib.crc32(salt.encode("utf-8", "surrogatepass")) if isinstance(salt, str) and salt else 0
-    return _RECENT.chain(render_chat(body), seed)
+    return _RECENT.chain(render_chat(body, rendered_tools), seed)
 
 
 class Geometries:

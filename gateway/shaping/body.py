@@ -77,7 +77,11 @@ def _late_at(messages: list[Any], at: int) -> str:
 
 def _has_history(messages: list[Any], at: int) -> bool:
     """Whether an answer (an assistant turn) comes before position ``at``."""
-    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[1:at])
+    for i in range(1, min(at, len(messages))):
+        message = messages[i]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return True
+    return False
 
 
 def _late_index(messages: list[Any], placement: Placement) -> int:

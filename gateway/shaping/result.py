@@ -35,6 +35,8 @@ class ShapeResult:
     """Hash of the tools and the stable head's lines: the natural ``prompt_cache_key``."""
     segments: list[tuple[str, str, str]] = field(default_factory=list)
     """The shaped prompt's segments, in order: (label, hash, preview) — for the divergence report."""
+    rendered_tools: bytes | None = None
+    """The shaped tools' prompt bytes, when shaping set them (rendered once per tool set)."""
 
     def header(self) -> str:
         """The ``x-switchyard-shaping`` value."""

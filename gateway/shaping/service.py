@@ -41,7 +41,7 @@ class ShapingState:
     ) -> None:
         """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``."""
         ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template)
-        ctx.prefix_chain = checkpoints(body)
+        ctx.prefix_chain = checkpoints(body, ctx.shape.rendered_tools)
 
     def prefix_hit(self, ctx: RequestContext) -> None:
         """This replica's expectation of cached tokens for the deployment that answers."""

@@ -76,6 +76,8 @@ class _ShapedTools:
     hashed: hashlib.blake2b
     """The prefix hash's state after their JSON (copied per request: only the stable head
     that follows is hashed then)."""
+    rendered: bytes
+    """Their prompt bytes (:func:`~gateway.prompt_render.render_chat`'s, rendered once)."""
 
 
 class PolicyShaper(Decisions, HeadSignatures):
@@ -136,7 +138,8 @@ class PolicyShaper(Decisions, HeadSignatures):
         out = [self._canonical(tool) for tool in tools]
         ordered = sorted(out, key=_tool_name) if self.policy.sort_tools and out else out
         data = orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
-        found = _ShapedTools(names, tuple(ordered), ordered != out, data, _hasher(data))
+        rendered = b"".join(map(orjson.dumps, ordered))
+        found = _ShapedTools(names, tuple(ordered), ordered != out, data, _hasher(data), rendered)
         if len(self._tools_memo) > 1024:
             self._tools_memo.clear()
         self._tools_memo[raw] = found
@@ -191,6 +194,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             if shaped_tools.tools:
                 body["tools"] = tools = list(shaped_tools.tools)
                 result.tools_sorted = shaped_tools.sorted
+                result.rendered_tools = shaped_tools.rendered
         elif isinstance(tools, list) and tools:
             if policy.canonical_json:
                 body["tools"] = tools = [self._canonical(tool) for tool in tools]

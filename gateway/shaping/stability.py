@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add, le
+from operator import add
 
 import structlog
 from redis.asyncio import Redis
@@ -74,11 +74,10 @@ class StabilityModel:
         counts = self._templates.get(template)
         if counts is None or counts.n < min_requests:
             return [None] * len(hashes)
-        # Counts are whole: count >= share * n is count >= its ceiling, compared at C speed
-        # (no Python frame per line).
+        # Counts are whole: count >= share * n is count >= its ceiling.
         need = math.ceil(stable_share * counts.n)
-        verdicts: list[bool | None] = list(map(le, repeat(need), map(counts.lines.get, hashes, repeat(0))))
-        return verdicts
+        get = counts.lines.get
+        return [get(h, 0) >= need for h in hashes]
 
     def observe(self, template: str, hashes: list[str], writer: StatsWriter | None) -> None:
         """Count one request of ``template`` carrying these lines."""

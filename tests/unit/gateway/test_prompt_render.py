@@ -38,3 +38,15 @@ def test_render_non_text_parts_and_tool_calls_contribute_their_json() -> None:
     )
     assert render_chat(body) == expected
     assert content_bytes("é") == "é".encode()
+
+
+def test_a_role_renders_as_its_text_whatever_it_is() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "función", "content": "b"},
+            {"role": 7, "content": "c"},
+            {"content": "d"},
+        ]
+    }
+    assert render_chat(body) == "<|user|>\na\n<|función|>\nb\n<||>\nc\n<||>\nd\n".encode()

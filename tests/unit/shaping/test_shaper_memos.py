@@ -231,3 +231,34 @@ def test_an_epoch_and_a_number_of_its_length_are_told_apart() -> None:
         "Started at 2700000000.",
     ]
     assert [detectors.fires(line) for line in lines] == [True, False, True, False]
+
+
+def test_the_shaped_tools_render_as_the_body_carries_them() -> None:
+    """The checkpoints of a shaped request use the tools' bytes rendered once per tool set:
+    they are the bytes the body's tools render to, request after request."""
+    from gateway.prompt_render import render_chat
+
+    def tool(name: str) -> dict[str, Any]:
+        schema = {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}
+        return {
+            "function": {"parameters": schema, "name": name, "description": "é \u00ed"},
+            "type": "function",
+        }
+
+    shaper = PolicyShaper(ShapingPolicy())
+    for turn in range(3):
+        body = {
+            "model": "fast",
+            "messages": [
+                {"role": "system", "content": f"Rules.\nTurn {turn}"},
+                {"role": "user", "content": "hi"},
+            ],
+            "tools": [tool("read_file"), tool("edit_file"), tool("bash")],
+        }
+        result = shaper.shape(body, StabilityModel())
+        assert result.rendered_tools is not None
+        assert render_chat(body, result.rendered_tools) == render_chat(body)
+        assert [t["function"]["name"] for t in body["tools"]] == ["bash", "edit_file", "read_file"]
+    off = PolicyShaper(ShapingPolicy(canonical_json=False))
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool("b"), tool("a")]}
+    assert off.shape(body, StabilityModel()).rendered_tools is None  # the body's own tools render

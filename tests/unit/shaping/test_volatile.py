@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.shaping.policy import DETECTORS, Detector
-from gateway.shaping.volatile import Detectors
+from gateway.shaping.volatile import Detectors, keep
 
 CASES: dict[Detector, tuple[list[str], list[str]]] = {
     "iso_date": (
@@ -71,3 +71,15 @@ def test_a_detector_finds_its_values_and_nothing_else(detector: Detector) -> Non
 
 def test_a_policy_regex_still_ignores_case() -> None:
     assert Detectors([], [r"customer tier: \w+"]).line("Customer Tier: GOLD")[0]
+
+
+def test_a_full_memo_drops_its_oldest_entries_and_keeps_the_newest() -> None:
+    memo: dict[int, int] = {}
+    for key in range(1000):
+        assert keep(memo, key, key * 2, 64) == key * 2
+        assert len(memo) <= 64
+        assert memo[key] == key * 2
+    assert list(memo) == sorted(memo)  # the oldest went first
+    assert set(range(1000 - 56, 1000)) <= set(memo)  # at least the newest seven eighths stay
+    keep(memo, 999, 0, 64)  # a key already held is replaced: nothing is dropped for it
+    assert memo[999] == 0 and 998 in memo
