@@ -34,7 +34,7 @@ FOREIGN_FLAGS = {
     # bench/shaping.py
     "--cost-only", "--baseline", "--rounds", "--corpus-only",
     # bench/routing_features.py
-    "--embedding", "--index",
+    "--embedding", "--index", "--tools",
 }  # fmt: skip
 
 
