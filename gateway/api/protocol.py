@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequestError
@@ -96,6 +97,25 @@ def _plain_number_ok(name: str, value: Any) -> bool:
 _PLAIN_NUMBERS = ("max_tokens", "max_completion_tokens", "n", "temperature", "top_p")
 
 
+def _plainly_valid_tools(tools: Any) -> bool:
+    """Whether a ``tools`` value is surely valid: a list of objects, each with a string
+    ``type`` and, if any, a ``function`` object whose ``name`` is a non-empty string (an
+    agent's tools, checked in a few lookups each instead of pydantic's model per tool)."""
+    if type(tools) is not list:
+        return False
+    for tool in tools:
+        if type(tool) is not dict or type(tool.get("type")) is not str:
+            return False
+        function = tool.get("function")
+        if function is not None:
+            if type(function) is not dict:
+                return False
+            name = function.get("name")
+            if type(name) is not str or not name:
+                return False
+    return True
+
+
 def _plainly_valid_chat(body: dict[str, Any]) -> bool:
     """True when a chat body is surely valid for :class:`ChatCompletionRequest`: the common
     shape (text messages, plain-typed options) checked by exact type in a few lookups,
@@ -116,8 +136,11 @@ def _plainly_valid_chat(body: dict[str, Any]) -> bool:
                 value = message.get(name)
                 if value is not None and type(value) is not str:
                     return False
-    # Tools, stream options and content parts are rarer: pydantic checks those.
-    if body.get("tools") is not None or body.get("stream_options") is not None:
+    # Stream options and content parts are rarer: pydantic checks those.
+    if body.get("stream_options") is not None:
+        return False
+    tools = body.get("tools")
+    if tools is not None and not _plainly_valid_tools(tools):
         return False
     for name in _PLAIN_NUMBERS:
         value = body.get(name)
@@ -190,10 +213,54 @@ def _depth_over(body: Any, max_depth: int) -> bool:
     return False
 
 
+def _levels(node: Any) -> int:
+    """How many levels of objects and arrays ``node`` nests (1: no container inside it)."""
+    level: list[Any] = [node]
+    depth = 0
+    while level:
+        deeper: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            for child in children:
+                if isinstance(child, _NESTED):
+                    deeper.append(child)  # noqa: PERF401
+        level = deeper
+        depth += 1
+    return depth
+
+
+_TOOL_LEVELS: dict[bytes, int] = {}
+_TOOL_LEVELS_KEPT = 256
+_TOOL_LEVELS_MAX_BYTES = 1 << 16
+
+
+def _body_depth_over(body: dict[str, Any], max_depth: int) -> bool:
+    """:func:`_depth_over` for a request body. An agent sends the same tools on every request
+    and their schemas are most of a body's objects, so their depth is remembered by their
+    JSON (writing it is C speed, a quarter of the walk's cost)."""
+    tools = body.get("tools")
+    if type(tools) is not list or not tools:
+        return _depth_over(body, max_depth)
+    if _depth_over({k: v for k, v in body.items() if k != "tools"}, max_depth):
+        return True
+    try:
+        key = orjson.dumps(tools)
+    except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), or not JSON at all
+        return _depth_over(tools, max_depth - 1)
+    levels = _TOOL_LEVELS.get(key)
+    if levels is None:
+        levels = _levels(tools)
+        if len(key) <= _TOOL_LEVELS_MAX_BYTES:
+            if len(_TOOL_LEVELS) >= _TOOL_LEVELS_KEPT:
+                _TOOL_LEVELS.clear()
+            _TOOL_LEVELS[key] = levels
+    return 1 + levels > max_depth
+
+
 def check_limits(body: dict[str, Any], *, max_depth: int, max_messages: int, max_content_parts: int) -> None:
     """The size limits a body must keep before it is validated or sent anywhere:
     nesting depth, number of messages, content parts per message."""
-    if _depth_over(body, max_depth):
+    if _body_depth_over(body, max_depth):
         raise InvalidRequestError(
             f"The request body nests objects and arrays deeper than {max_depth} levels.",
             code="json_too_deep",

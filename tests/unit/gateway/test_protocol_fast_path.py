@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.api.protocol import ChatCompletionRequest, _depth_over, _plainly_valid_chat
+from gateway.api.protocol import ChatCompletionRequest, _body_depth_over, _depth_over, _plainly_valid_chat
 
 # Values of every JSON type, valid and invalid for the modelled fields, with the edge cases
 # of strict mode (bools for ints, ints for floats, empty strings, out-of-range numbers).
@@ -31,13 +31,28 @@ _MESSAGE = st.one_of(
 )
 _FIELDS = (
     "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
-    "tools", "tool_choice", "response_format", "user", "metadata", "unknown_field",
+    "tool_choice", "response_format", "user", "metadata", "unknown_field",
 )  # fmt: skip
+# Tools as agents send them, and each way one can be wrong (a missing or non-string type, a
+# function that is no object, a name that is missing, empty or no string).
+_FUNCTION = st.one_of(
+    _SCALARS,
+    st.fixed_dictionaries(
+        {}, optional={"name": st.one_of(_SCALARS, st.just("read_file")), "parameters": _SCALARS}
+    ),
+)
+_TOOL = st.one_of(
+    _SCALARS,
+    st.fixed_dictionaries(
+        {}, optional={"type": st.one_of(_SCALARS, st.just("function")), "function": _FUNCTION}
+    ),
+)
 _BODY = st.fixed_dictionaries(
     {},
     optional={
         "model": _SCALARS,
         "messages": st.one_of(_SCALARS, st.lists(_MESSAGE, max_size=3)),
+        "tools": st.one_of(_SCALARS, st.lists(_TOOL, max_size=3)),
         **{name: _SCALARS for name in _FIELDS},
     },
 )
@@ -64,6 +79,8 @@ def test_the_quick_chat_check_takes_the_common_request() -> None:
         "metadata": {"k": "v"},
     }
     assert _plainly_valid_chat(body)
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}
+    assert _plainly_valid_chat({**body, "tools": [tool, {"type": "web_search"}]})  # an agent's
 
 
 def _reference_depth_over(body: Any, max_depth: int) -> bool:
@@ -90,3 +107,23 @@ _JSON = st.recursive(
 @given(_JSON, st.integers(min_value=0, max_value=8))
 def test_depth_check_agrees_with_the_stack_walk(body: Any, max_depth: int) -> None:
     assert _depth_over(body, max_depth) == _reference_depth_over(body, max_depth)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_JSON, max_size=3), _JSON, st.integers(min_value=0, max_value=8))
+def test_a_bodys_depth_with_tools_agrees_with_the_stack_walk(
+    tools: list[Any], rest: Any, max_depth: int
+) -> None:
+    body = {"model": "m", "rest": rest, "tools": tools}
+    expected = _reference_depth_over(body, max_depth)
+    assert _body_depth_over(body, max_depth) == expected
+    assert _body_depth_over(body, max_depth) == expected  # the same tools again: remembered
+
+
+def test_tools_nested_too_deep_are_refused_every_time() -> None:
+    deep: Any = "x"
+    for _ in range(300):  # deeper than orjson writes, too
+        deep = {"d": deep}
+    for tools in ([{"type": "function", "function": {"name": "f", "parameters": deep}}], [deep]):
+        for _ in range(2):
+            assert _body_depth_over({"model": "m", "tools": tools}, 64)
