@@ -193,39 +193,29 @@ _NESTED = (dict, list)
 
 
 def _depth_over(body: Any, max_depth: int) -> bool:
-    """Whether ``body`` nests objects and arrays deeper than ``max_depth`` (iterative, one
-    level at a time: a deep body must not cost a deep Python stack, and a level's loop is
-    a third of the cost of a stack of (node, depth) pairs)."""
-    level: list[Any] = [body]
-    depth = 1
+    """Whether ``body`` nests objects and arrays deeper than ``max_depth``."""
+    return _levels(body, max_depth) > max_depth
+
+
+def _levels(node: Any, cap: int | None = None) -> int:
+    """How many levels of objects and arrays ``node`` nests (1: no container inside it),
+    counted up to ``cap + 1`` at most. Iterative, one level at a time: a deep body must not
+    cost a deep Python stack, and a level's loop is a third of the cost of a stack of
+    (node, depth) pairs."""
+    level: list[Any] = [node]
+    depth = 0
     while level:
-        if depth > max_depth:
-            return True
+        depth += 1
+        if cap is not None and depth > cap:
+            break
         deeper: list[Any] = []
-        for node in level:
-            children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
             # A plain loop: a comprehension per node costs more than it saves on small nodes.
             for child in children:
                 if isinstance(child, _NESTED):
                     deeper.append(child)  # noqa: PERF401
         level = deeper
-        depth += 1
-    return False
-
-
-def _levels(node: Any) -> int:
-    """How many levels of objects and arrays ``node`` nests (1: no container inside it)."""
-    level: list[Any] = [node]
-    depth = 0
-    while level:
-        deeper: list[Any] = []
-        for item in level:
-            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-            for child in children:
-                if isinstance(child, _NESTED):
-                    deeper.append(child)  # noqa: PERF401
-        level = deeper
-        depth += 1
     return depth
 
 
