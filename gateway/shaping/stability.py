@@ -26,14 +26,12 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import add
 
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.store.writer import StatsWriter
+from gateway.store.writer import StatsWriter, add_one_each
 
 _log = structlog.get_logger("switchyard.shaping")
 
@@ -97,10 +95,7 @@ class StabilityModel:
             return  # a busy template: a sample keeps the shares (and costs a fraction)
         counts.n += 1
         distinct = set(hashes)
-        lines = counts.lines
-        # One more for each, at C speed (no Python frame per line): each pair's count is read
-        # before it is written, and the hashes are distinct.
-        lines.update(zip(distinct, map(add, map(lines.get, distinct, repeat(0)), repeat(1)), strict=True))
+        add_one_each(counts.lines, distinct)
         if counts.n > 10_000:  # without Redis nothing else ages the counts
             counts.n //= 2
             counts.lines = {h: c // 2 for h, c in counts.lines.items() if c > 1}
