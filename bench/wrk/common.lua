@@ -72,16 +72,55 @@ function M.responses_body(stream)
   })
 end
 
-function M.body(stream)
+-- `history`: the turns between the system prompt and the user turn, as JSON (with a
+-- leading comma), or none.
+function M.body(stream, history, user_turn)
   local model = os.getenv("BENCH_MODEL") or "canned"
   return table.concat({
     '{"model":', json_string(model),
     ',"messages":[{"role":"system","content":', json_string(M.system_prompt), "}",
-    ',{"role":"user","content":', json_string(M.user_turn), "}]",
+    history or "",
+    ',{"role":"user","content":', json_string(user_turn or M.user_turn), "}]",
     ',"temperature":0.2,"max_tokens":256,"user":"bench-user-0042"',
     ',"stream":', stream and "true" or "false",
     "}",
   })
+end
+
+-- BENCH_CONVERSATIONS=N (chat bodies only): every request is the next turn of one of N
+-- conversations, taken in turn, instead of one body sent again and again. Each has its own
+-- history, which grows by a question and an answer (~400 bytes) per turn up to
+-- BENCH_TURNS (default 12) turns, and then starts again as a new conversation. The
+-- system prompt stays the same, so what a gateway does per conversation (remembering
+-- it, cutting its prompt into cache checkpoints, looking those up) costs what it costs
+-- on real traffic, where no two requests are the same.
+local function conversations(stream)
+  local n = tonumber(os.getenv("BENCH_CONVERSATIONS") or "0") or 0
+  if n <= 0 then return nil end
+  local turns = tonumber(os.getenv("BENCH_TURNS") or "12") or 12
+  local filler = " Please also check the delivery address, the parcel size, the carrier and"
+    .. " whether the express option was paid for, and tell me what happens next."
+  -- Seeded per run and thread: another run's conversations are not this one's.
+  math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)") or "0", 16) % 1000003)
+  local state, next_one, started = {}, 0, 0
+  return function()
+    next_one = next_one % n + 1
+    local c = state[next_one]
+    if c == nil or c.turn >= turns then
+      started = started + 1
+      c = { id = string.format("%d-%d-%d", math.random(1e9), started, next_one), turn = 0, parts = {} }
+      state[next_one] = c
+    end
+    c.turn = c.turn + 1
+    local question = string.format("Conversation %s, question %d: where is order A-%d?%s",
+      c.id, c.turn, 10000 + c.turn * 7, filler)
+    local body = M.body(stream, table.concat(c.parts), question)
+    table.insert(c.parts, ',{"role":"user","content":' .. json_string(question) .. "}")
+    table.insert(c.parts, ',{"role":"assistant","content":' .. json_string(string.format(
+      "Order A-%d of conversation %s left the warehouse on Monday and is with the carrier.%s",
+      10000 + c.turn * 7, c.id, filler)) .. "}")
+    return wrk.format(nil, nil, nil, body)
+  end
 end
 
 -- Installs wrk's callbacks as globals. `stream` selects the body and the completeness check;
@@ -89,6 +128,7 @@ end
 function M.install(stream, responses)
   wrk.method = "POST"
   wrk.body = responses and M.responses_body(stream) or M.body(stream)
+  if not responses then request = conversations(stream) end
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Accept"] = stream and "text/event-stream" or "application/json"
   wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_API_KEY") or "sk-bench-dummy")

@@ -6,9 +6,10 @@
 ``redis+cluster://:pw@redis-0:6379,redis-1:6379``).
 
 Cluster caveat for code that writes to Redis: a non-transactional pipeline may mix keys
-of any slot (the client splits it per node, as ``StatsWriter`` and ``cachestats`` rely
-on), but MULTI/EXEC, Lua scripts and multi-key commands (``MGET``, ``RENAME`` ...) need
-all their keys in one slot: put the shared part of such keys in a ``{hash tag}``.
+of any slot (the client splits it per node, as ``StatsWriter`` relies on there), but
+MULTI/EXEC, Lua scripts and multi-key commands (``MGET``, ``RENAME`` ...) need all their
+keys in one slot: put the shared part of such keys in a ``{hash tag}`` (as the cache
+expectations' script does, one call per deployment).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from gateway.cachestats import Accounting
+from gateway.cachestats.prefix import CHECKPOINT_TOKENS, expect_shared
 from gateway.config import PolicySnapshot, parse_policy
 from gateway.context import RequestContext
 from gateway.procutil import free_port
@@ -143,6 +144,29 @@ def test_stats_pipelines_span_the_clusters_slots(cluster: list[int]) -> None:
     assert all(totals[name]["requests"] == 1 and totals[name]["cached_tokens"] == 64 for name in deployments)
     # The keys really live on different nodes: one pipeline crossed slots.
     nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:*")}
+    assert len(nodes) >= 2
+    sync.close()
+
+
+def test_cache_expectations_of_many_deployments_on_a_cluster(cluster: list[int]) -> None:
+    """One script call per deployment: each keeps its keys in one slot, and the calls of
+    one batch go to the nodes that own them."""
+    deployments = [f"dep-{i}" for i in range(12)]
+    sync = RedisCluster(host="127.0.0.1", port=cluster[0])
+    sync.flushall()
+
+    async def main() -> tuple[list[int], list[int]]:
+        client = connect(f"redis+cluster://127.0.0.1:{cluster[1]}")
+        try:
+            batch = [(name, [i + 1, i + 2, i + 3], 60.0) for i, name in enumerate(deployments)]
+            return await expect_shared(client, batch), await expect_shared(client, batch)
+        finally:
+            await client.aclose()
+
+    first, second = asyncio.run(main())
+    assert first == [0] * 12
+    assert second == [3 * CHECKPOINT_TOKENS] * 12
+    nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:pfx:*")}
     assert len(nodes) >= 2
     sync.close()
 

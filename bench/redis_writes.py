@@ -1,0 +1,123 @@
+"""Event-loop CPU of the gateway's two batched Redis writes (issue #20): a stats flush
+(:meth:`gateway.store.writer.StatsWriter.flush`) and a batch of cache expectations
+(:func:`gateway.cachestats.prefix.expect_shared`), against a redis-server of its own.
+
+    .venv/bin/python bench/redis_writes.py [--redis-server PATH] [--tree DIR]
+
+Both run on the gateway's event loop every 100 ms, and while one runs no request moves.
+The flush is the shape the overhead benchmark's full gateway sends every 100 ms (five
+hashes of four fields, one capped list). The expectations are batches of 1, 20 and 200
+requests from 50 conversations that share a 20-checkpoint system prompt, each request one
+checkpoint longer than its conversation's previous one. Prints the median wall time and
+this thread's CPU time per call (and per request for the expectations), and the total of
+the expected checkpoints (the same for two trees that agree). ``--tree``: import
+``gateway`` from another checkout (e.g. ``git archive`` of an older commit) to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+async def _timed(call: Any, rounds: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of ``await call()``."""
+    walls, cpus = [], []
+    for _ in range(rounds):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        await call()
+        cpus.append(time.thread_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return sorted(walls)[rounds // 2], sorted(cpus)[rounds // 2]
+
+
+async def run(socket_path: str) -> None:
+    from redis.asyncio import Redis
+
+    from gateway.cachestats.prefix import expect_shared
+    from gateway.store.writer import StatsWriter
+
+    client = Redis(unix_socket_path=socket_path)
+    writer = StatsWriter(client)
+
+    async def flush() -> None:
+        for i in range(5):
+            for field in ("requests", "prompt_tokens", "cached_tokens", "cost"):
+                writer.hincr(f"bench:stats:{i}", field, 3, 3_600)
+        writer.push("bench:recent", b"x" * 100, 100, 3_600)
+        writer.push("bench:recent", b"y" * 100, 100, 3_600)
+        await writer.flush()
+
+    await _timed(flush, 200)  # warm up
+    wall, cpu = await _timed(flush, 2_000)
+    print(f"stats flush (5 hashes x 4 fields, 1 list): wall {wall * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms")
+
+    rnd = random.Random(1)
+    shared = [rnd.getrandbits(32) for _ in range(20)]
+    conversations = [shared + [rnd.getrandbits(32) for _ in range(10)] for _ in range(50)]
+    for size, rounds in ((1, 200), (20, 100), (200, 20)):
+        total = 0
+
+        async def expect(size: int = size) -> None:
+            nonlocal total
+            batch = []
+            for _ in range(size):
+                chain = rnd.choice(conversations)
+                chain.append(rnd.getrandbits(32))
+                batch.append(("bench", list(chain), 300.0))
+            total += sum(await expect_shared(client, batch))
+
+        wall, cpu = await _timed(expect, rounds)
+        print(
+            f"expectations, {size:3d} requests a batch: wall {wall * 1e3:7.2f} ms, CPU {cpu * 1e3:7.2f} ms"
+            f" ({cpu * 1e6 / size:7.1f} us a request); expected tokens in all {total}"
+        )
+    await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
+    parser.add_argument("--tree", type=Path, help="import gateway from this checkout")
+    args = parser.parse_args()
+    if args.tree is not None:
+        sys.path.insert(0, str(args.tree.resolve()))
+    with tempfile.TemporaryDirectory() as tmp:
+        socket_path = f"{tmp}/redis.sock"
+        server = subprocess.Popen(
+            [
+                args.redis_server,
+                "--port",
+                "0",
+                "--unixsocket",
+                socket_path,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(100):
+                if Path(socket_path).exists():
+                    break
+                time.sleep(0.05)
+            asyncio.run(run(socket_path))
+        finally:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
