@@ -94,6 +94,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
         self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
+        self._signed_in: dict[str, tuple[int, int]] = {}
         # What a head's text reads as depends on the text alone; it is read against the last
         # head of its template's shape, at the cost of what changed (gateway.shaping.heads).
         self._reader = HeadReader(self.detectors, policy.rag.markers if policy.rag.enabled else None)

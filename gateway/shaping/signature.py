@@ -1,9 +1,11 @@
 """The segment signatures of shaped requests, sampled per template for the cache report's
-divergence view: the first requests of a template, then one in ten, line by line; the last
-signed head per template is kept, so a repeat costs a compare."""
+divergence view: the first requests of a template, then one in ten but at most
+:data:`_SIGNED_PER_S` a second, line by line; the last signed head per template is kept,
+so a repeat costs a compare."""
 
 from __future__ import annotations
 
+import time
 import zlib
 from itertools import compress
 from operator import ne
@@ -18,6 +20,12 @@ from gateway.shaping.volatile import Detectors, keep
 
 _SIGNED_FIRST = 20
 _SIGN_EVERY = 10
+_SIGNED_PER_S = 20
+"""The report reads a template's last 20 signatures (``SIGNATURES_KEPT``): at a few hundred
+requests a second, one in ten would replace them several times a second, and a conversation's
+signature runs the detectors over each of its messages (8 % of the gateway's CPU on a load of
+many conversations, bench/README.md)."""
+_now = time.monotonic
 _SIGNED_KEPT = 64  # templates whose last signed head is kept (its lines and segments)
 _STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)
 
@@ -33,6 +41,8 @@ class HeadSignatures:
     policy: ShapingPolicy
     detectors: Detectors
     _seen: dict[str, int]
+    _signed_in: dict[str, tuple[int, int]]
+    """Per template, the second of its last signature and how many it had in that second."""
     _signed_heads: dict[
         str, tuple[str, list[str], list[tuple[str, str, str] | None], list[tuple[str, str, str]]]
     ]
@@ -41,15 +51,25 @@ class HeadSignatures:
     from them: no split)."""
 
     def _signature(self, body: dict[str, Any], result: ShapeResult) -> None:
-        """The segments of the first requests of a template, then of every tenth (the
-        divergence report reads the last 20 kept: a sample is enough, and it costs)."""
+        """The segments of the first requests of a template, then of every tenth, at most
+        :data:`_SIGNED_PER_S` a second (the divergence report reads the last 20 kept: a
+        sample is enough, and it costs)."""
         seen = self._seen
-        n = seen.get(result.template, 0)
+        template = result.template
+        n = seen.get(template, 0)
         if len(seen) > 20_000:
             seen.clear()
-        seen[result.template] = n + 1
-        if n >= _SIGNED_FIRST and n % _SIGN_EVERY:
-            return
+            self._signed_in.clear()
+        seen[template] = n + 1
+        if n >= _SIGNED_FIRST:
+            if n % _SIGN_EVERY:
+                return
+            second = int(_now())
+            last, count = self._signed_in.get(template, (-1, 0))
+            count = count + 1 if last == second else 1
+            if count > _SIGNED_PER_S:
+                return
+            self._signed_in[template] = (second, count)
         previews = self.policy.report_previews
         segments = result.segments
         tools = body.get("tools")

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.shaping import signature
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.shaper import PolicyShaper
 from gateway.shaping.stability import StabilityModel
@@ -390,6 +391,23 @@ def test_signatures_are_kept_for_the_first_requests_of_a_template_then_sampled()
     kept = [bool(s.shape(request(INSTRUCTIONS, ("user", str(i)))).segments) for i in range(40)]
     assert kept[:20] == [True] * 20
     assert sum(kept[20:]) == 2
+
+
+def test_a_busy_template_is_signed_at_most_twenty_times_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One in ten of 1,000 requests in one second would be 100 signatures; the report reads
+    the last 20."""
+    clock = [1_000.25]
+    monkeypatch.setattr(signature, "_now", lambda: clock[0])
+    s = shaper()
+
+    def signed(requests: int) -> int:
+        return sum(bool(s.shape(request(INSTRUCTIONS, ("user", str(i)))).segments) for i in range(requests))
+
+    assert signed(1_020) == 20 + 20  # the first 20 requests, then 20 in this second
+    clock[0] += 0.5
+    assert signed(200) == 0  # the same second
+    clock[0] += 0.5
+    assert signed(200) == 20  # the next one: one in ten again
 
 
 def test_a_date_inside_the_retrieval_block_never_leaves_it() -> None:
