@@ -1,16 +1,16 @@
 """Cache-hit accounting in Redis: per deployment, key and template, in 1-minute buckets kept 48 h.
 
 For each request two figures are counted: the provider's report
-(``usage.prompt_tokens_details.cached_tokens``) and the gateway's expectation (the
-shaped prompt's checkpoint chain looked up in Redis: :mod:`gateway.cachestats.prefix`).
-Counters go through :class:`~gateway.store.writer.StatsWriter` (summed in process,
-written in one pipeline, dropped and counted when Redis is slow); the expectations of
-all the requests of a 100 ms interval are looked up together, in one round trip, off the
-request path. The request's cost (:mod:`gateway.cachestats.cost`) is counted with them,
-and per day in ``sy:cost:<YYYY-MM-DD>`` (kept 90 days) for ``/admin/costs``. Each
-template also keeps its last requests' segment
-signatures, so a template that misses the cache can be told which segment breaks it, and
-the last shaped requests say what shaping moved in them, why and where to.
+(``usage.prompt_tokens_details.cached_tokens``) and the gateway's expectation (the shaped
+prompt's checkpoint chain looked up in Redis: :mod:`gateway.cachestats.prefix`). Counters go
+through :class:`~gateway.store.writer.StatsWriter` (summed in process, written in one script
+call, dropped and counted when Redis is slow); the expectations of all the requests of a 100
+ms interval are looked up together, one script call per deployment in one round trip, off
+the request path. The request's cost (:mod:`gateway.cachestats.cost`) is counted with them,
+and per day in ``sy:cost:<YYYY-MM-DD>`` (kept 90 days) for ``/admin/costs``. Each template
+also keeps its last requests' segment signatures, so a template that misses the cache can be
+told which segment breaks it, and the last shaped requests say what shaping moved in them,
+why and where to.
 """
 
 from __future__ import annotations
