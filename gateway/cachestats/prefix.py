@@ -529,14 +529,16 @@ async def expect_shared(
         places.append((deployment, step, place, len(steps)))
     # One hash tag per deployment: on Redis Cluster all of its keys share a slot.
     keys = {d: (f"{KEY_PREFIX}{{{d}}}:", f"{_FINE_KEY_PREFIX}{{{d}}}:") for d in args}
-    if len(args) == 1:
+    if len(args) == 1:  # one deployment, the common case: a pipeline of one costs more
         [(deployment, calls)] = args.items()
         replies = [await redis.eval(_EXPECT_LUA, 2, *keys[deployment], *calls)]
-    else:
+    elif args:
         pipe = redis.pipeline(transaction=False)
         for deployment, calls in args.items():
             pipe.eval(_EXPECT_LUA, 2, *keys[deployment], *calls)
-        replies = await pipe.execute() if args else []
+        replies = await pipe.execute()
+    else:
+        replies = []
     hits_of = dict(zip(args, replies, strict=True))
     return [
         geometry.tokens(deployment, length if place < 0 else int(hits_of[deployment][place]), step)
