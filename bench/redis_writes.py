@@ -1,6 +1,8 @@
-"""Event-loop CPU of the gateway's two batched Redis writes (issue #20): a stats flush
-(:meth:`gateway.store.writer.StatsWriter.flush`) and a batch of cache expectations
-(:func:`gateway.cachestats.prefix.expect_shared`), against a redis-server of its own.
+"""Event-loop CPU of the gateway's batched Redis calls (issue #20): a stats flush
+(:meth:`gateway.store.writer.StatsWriter.flush`), a batch of cache expectations
+(:func:`gateway.cachestats.prefix.expect_shared`) and the stability model's load of many
+templates (:meth:`gateway.shaping.stability.StabilityModel.sync`), against a redis-server
+of its own.
 
     .venv/bin/python bench/redis_writes.py [--redis-server PATH] [--tree DIR]
 
@@ -10,7 +12,9 @@ hashes of four fields, one capped list). The expectations are batches of 1, 20 a
 requests from 50 conversations that share a 20-checkpoint system prompt, each request one
 checkpoint longer than its conversation's previous one. Prints the median wall time and
 this thread's CPU time per call (and per request for the expectations), and the total of
-the expected checkpoints (the same for two trees that agree). ``--tree``: import
+the expected checkpoints (the same for two trees that agree). The stability load is 500
+templates with 80 line counts in each of two hours, the most the periodic sync reads at
+once; it prints the wall and CPU time of the whole load and the lines loaded. ``--tree``: import
 ``gateway`` from another checkout (e.g. ``git archive`` of an older commit) to compare.
 """
 
@@ -43,6 +47,7 @@ async def run(socket_path: str) -> None:
     from redis.asyncio import Redis
 
     from gateway.cachestats.prefix import expect_shared
+    from gateway.shaping.stability import COUNT_FIELD, HOUR_S, StabilityModel
     from gateway.store.writer import StatsWriter
 
     client = Redis(unix_socket_path=socket_path)
@@ -80,6 +85,28 @@ async def run(socket_path: str) -> None:
             f"expectations, {size:3d} requests a batch: wall {wall * 1e3:7.2f} ms, CPU {cpu * 1e3:7.2f} ms"
             f" ({cpu * 1e6 / size:7.1f} us a request); expected tokens in all {total}"
         )
+
+    templates = [f"bench-{i}" for i in range(500)]
+    hour = int(time.time()) // HOUR_S
+    pipe = client.pipeline(transaction=False)
+    for name in templates:
+        for h in (hour, hour - 1):
+            counts = {f"{rnd.getrandbits(64):016x}": rnd.randint(1, 300) for _ in range(80)}
+            pipe.hset(f"sy:stab:{{{name}}}:{h}", mapping={**counts, COUNT_FIELD: 300})
+    await pipe.execute()
+    model = StabilityModel()
+
+    async def load() -> None:
+        for name in templates:
+            model.observe(name, [], None)
+        await model._load(client, templates)
+
+    wall, cpu = await _timed(load, 5)
+    lines = sum(len(model._templates[name].lines) for name in templates)
+    print(
+        f"stability load, 500 templates x 2 hours x 80 lines: wall {wall * 1e3:.1f} ms,"
+        f" CPU {cpu * 1e3:.1f} ms; {lines} lines"
+    )
     await client.aclose()
 
 
