@@ -207,6 +207,9 @@ class Accounting:
             saved_by["deployment"][deployment] += usd
             saved_by["key"][key] += usd
             saved_by["template"][template] += usd
+        deployments_of: dict[str, set[str]] = defaultdict(set)
+        for deployment, _, template in rows:
+            deployments_of[template].add(deployment)
         templates = []
         for template, counts in sorted(by_template.items(), key=lambda kv: -kv[1]["prompt_tokens"]):
             entry = {
@@ -214,7 +217,7 @@ class Accounting:
                 **_rates(counts),
                 "saved_usd": round(saved_by["template"][template], 6),
             }
-            entry["deployments"] = sorted({d for d, _, t in rows if t == template})
+            entry["deployments"] = sorted(deployments_of[template])
             entry["flagged"] = (
                 template != NO_KEY and counts["requests"] >= 3 and entry["hit_rate"] < LOW_HIT_RATE
             )

@@ -61,7 +61,6 @@ for i = 1, #KEYS do
     merged[flat[j]] = (merged[flat[j]] or 0) + tonumber(flat[j + 1])
   end
 end
-if next(merged) == nil then return '{}' end
 return cjson.encode(merged)
 """
 

@@ -7,17 +7,25 @@ import asyncio
 import random
 from collections import defaultdict
 
+import pytest
 import redis
 
 from gateway.store import connect
-from gateway.store.fold import CHUNK, fold
+from gateway.store import fold as fold_module
+from gateway.store.fold import FIRST_CHUNK, fold
 
 
-def test_fold_sums_fields_and_groups_per_point_across_chunks(redis_url: str) -> None:
+@pytest.mark.parametrize("fields_per_call", [fold_module.FIELDS_PER_CALL, 25])
+def test_fold_sums_fields_and_groups_per_point_across_chunks(
+    redis_url: str, fields_per_call: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several round trips: the first of ``FIRST_CHUNK`` hashes, the next as many as hold
+    about ``fields_per_call`` fields (25: two or three of these 10-field hashes)."""
+    monkeypatch.setattr(fold_module, "FIELDS_PER_CALL", fields_per_call)
     sync = redis.Redis.from_url(redis_url)
     sync.flushdb()
     rnd = random.Random(7)
-    minutes = CHUNK * 2 + 5  # three round trips
+    minutes = FIRST_CHUNK * 4 + 5
     keys = [f"t:fold:{m}" for m in range(minutes)]
     points = [m // 4 for m in range(minutes)]
     fields = [
