@@ -1,6 +1,9 @@
-"""Event-loop CPU of the gateway's two batched Redis writes (issue #20): a stats flush
-(:meth:`gateway.store.writer.StatsWriter.flush`) and a batch of cache expectations
-(:func:`gateway.cachestats.prefix.expect_shared`), against a redis-server of its own.
+"""Event-loop CPU of the gateway's batched Redis calls (issue #20): a stats flush
+(:meth:`gateway.store.writer.StatsWriter.flush`), a batch of cache expectations
+(:func:`gateway.cachestats.prefix.expect_shared`), the stability model's load of many
+templates (:meth:`gateway.shaping.stability.StabilityModel.sync`) and the dashboard's
+report (``GET /admin/dashboard``: :meth:`gateway.dashboard.DashboardStats.report`, with
+the cache report in it), against a redis-server of its own.
 
     .venv/bin/python bench/redis_writes.py [--redis-server PATH] [--tree DIR]
 
@@ -10,7 +13,13 @@ hashes of four fields, one capped list). The expectations are batches of 1, 20 a
 requests from 50 conversations that share a 20-checkpoint system prompt, each request one
 checkpoint longer than its conversation's previous one. Prints the median wall time and
 this thread's CPU time per call (and per request for the expectations), and the total of
-the expected checkpoints (the same for two trees that agree). ``--tree``: import
+the expected checkpoints (the same for two trees that agree). The stability load is 500
+templates with 80 line counts in each of two hours, the most the periodic sync reads at
+once; it prints the wall and CPU time of the whole load and the lines loaded. The
+dashboard's report reads the page's default window, an hour, of three deployments, ten
+keys and five templates (900 dashboard and 1,200 cache counters a minute); it prints the
+wall and CPU time and the requests counted. So does the cache report (``GET /admin/stats``)
+of ten minutes of 500 templates on three deployments and three keys. ``--tree``: import
 ``gateway`` from another checkout (e.g. ``git archive`` of an older commit) to compare.
 """
 
@@ -42,7 +51,11 @@ async def _timed(call: Any, rounds: int) -> tuple[float, float]:
 async def run(socket_path: str) -> None:
     from redis.asyncio import Redis
 
+    from gateway.cachestats import BUCKET_S, METRICS, Accounting
     from gateway.cachestats.prefix import expect_shared
+    from gateway.config import parse_policy
+    from gateway.dashboard import DashboardStats
+    from gateway.shaping.stability import COUNT_FIELD, HOUR_S, StabilityModel
     from gateway.store.writer import StatsWriter
 
     client = Redis(unix_socket_path=socket_path)
@@ -80,6 +93,79 @@ async def run(socket_path: str) -> None:
             f"expectations, {size:3d} requests a batch: wall {wall * 1e3:7.2f} ms, CPU {cpu * 1e3:7.2f} ms"
             f" ({cpu * 1e6 / size:7.1f} us a request); expected tokens in all {total}"
         )
+
+    templates = [f"bench-{i}" for i in range(500)]
+    hour = int(time.time()) // HOUR_S
+    pipe = client.pipeline(transaction=False)
+    for name in templates:
+        for h in (hour, hour - 1):
+            counts = {f"{rnd.getrandbits(64):016x}": rnd.randint(1, 300) for _ in range(80)}
+            pipe.hset(f"sy:stab:{{{name}}}:{h}", mapping={**counts, COUNT_FIELD: 300})
+    await pipe.execute()
+    model = StabilityModel()
+
+    async def load() -> None:
+        for name in templates:
+            model.observe(name, [], None)
+        await model._load(client, templates)
+
+    wall, cpu = await _timed(load, 5)
+    lines = sum(len(model._templates[name].lines) for name in templates)
+    print(
+        f"stability load, 500 templates x 2 hours x 80 lines: wall {wall * 1e3:.1f} ms,"
+        f" CPU {cpu * 1e3:.1f} ms; {lines} lines"
+    )
+
+    deployments = ["d-fast", "d-strong", "d-local"]
+    now_min = int(time.time()) // BUCKET_S
+    for minute in range(now_min - 60, now_min + 1):
+        dash: dict[str, int] = {}
+        cache: dict[str, int] = {}
+        for deployment in deployments:
+            for k in range(10):
+                prefix = f"{deployment}|key_{k:08x}|"
+                dash.update({prefix + m: 7 for m in ("requests", "errors", "cost_nusd", "tier:fast")})
+                dash.update({prefix + f"h:e2e:{100 + b}": 3 for b in range(10)})
+                dash.update({prefix + f"h:{lat}:{80 + b}": 2 for lat in ("ttft", "itl") for b in range(8)})
+                cache.update({f"{prefix}{t:016x}|{m}": 1_000 for t in range(5) for m in METRICS})
+        await client.hset(f"sy:dash:{minute}", mapping=dash)  # type: ignore[arg-type]
+        await client.hset(f"sy:cs:{minute}", mapping=cache)  # type: ignore[arg-type]
+    policy = parse_policy(
+        "deployments: {" + ", ".join(f"{d}: {{base_url: 'http://x'}}" for d in deployments) + "}\n"
+        "tiers: {fast: [d-fast]}\n",
+        "bench",
+    )
+    dashboard = DashboardStats(writer, client, Accounting(writer, client))
+    counted = 0
+
+    async def report() -> None:
+        nonlocal counted
+        counted = (await dashboard.report(policy, 3_600))["totals"]["requests"]
+
+    wall, cpu = await _timed(report, 3)
+    print(f"dashboard report, 1 h: wall {wall * 1e3:.0f} ms, CPU {cpu * 1e3:.0f} ms; {counted} requests")
+
+    # The cache report of many templates: 500 of them, on 3 deployments and 3 keys.
+    for minute in range(now_min - 9, now_min + 1):
+        cache = {
+            f"{d}|key_{k}|tpl{t:04d}|{m}": 1_000
+            for d in deployments
+            for k in range(3)
+            for t in range(500)
+            for m in METRICS
+        }
+        await client.hset(f"sy:cs:{minute}", mapping=cache)  # type: ignore[arg-type]
+    accounting = Accounting(writer, client)
+
+    async def cache_report() -> None:
+        nonlocal counted
+        counted = (await accounting.report(policy, 600))["totals"]["requests"]
+
+    wall, cpu = await _timed(cache_report, 3)
+    print(
+        f"cache report, 10 min of 500 templates: wall {wall * 1e3:.0f} ms,"
+        f" CPU {cpu * 1e3:.0f} ms; {counted} requests"
+    )
     await client.aclose()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from gateway.cachestats.prefix import GEOMETRY, expect_shared
 from gateway.policy import Policy
+from gateway.store.fold import fold
 from gateway.store.writer import StatsWriter
 
 if TYPE_CHECKING:
@@ -182,16 +183,12 @@ class Accounting:
         the first segment where its requests diverge."""
         now_min = int(time.time()) // BUCKET_S
         minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
-        pipe = self._redis.pipeline(transaction=False)
-        for minute in minutes:
-            pipe.hgetall(_bucket(minute))
+        sums, _ = await fold(self._redis, [_bucket(m) for m in minutes], [0] * len(minutes), "last")
         rows: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
-        for reply in await pipe.execute():
-            for raw_field, raw_value in reply.items():
-                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
-                deployment, key, template, metric = name.rsplit("|", 3)
-                if metric in METRICS:
-                    rows[deployment, key, template][metric] += int(raw_value)
+        for name, value in sums.items():
+            deployment, key, template, metric = name.rsplit("|", 3)
+            if metric in METRICS:
+                rows[deployment, key, template][metric] += value
         by_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
         by_key: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
         by_template: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
@@ -210,6 +207,9 @@ class Accounting:
             saved_by["deployment"][deployment] += usd
             saved_by["key"][key] += usd
             saved_by["template"][template] += usd
+        deployments_of: dict[str, set[str]] = defaultdict(set)
+        for deployment, _, template in rows:
+            deployments_of[template].add(deployment)
         templates = []
         for template, counts in sorted(by_template.items(), key=lambda kv: -kv[1]["prompt_tokens"]):
             entry = {
@@ -217,7 +217,7 @@ class Accounting:
                 **_rates(counts),
                 "saved_usd": round(saved_by["template"][template], 6),
             }
-            entry["deployments"] = sorted({d for d, _, t in rows if t == template})
+            entry["deployments"] = sorted(deployments_of[template])
             entry["flagged"] = (
                 template != NO_KEY and counts["requests"] >= 3 and entry["hit_rate"] < LOW_HIT_RATE
             )
@@ -249,22 +249,13 @@ class Accounting:
             },
         }
 
-    async def minute_totals(self, minutes: range) -> list[dict[str, int]]:
-        """For each minute of ``minutes`` (Unix minutes), every counter summed over all
-        deployments, keys and templates: the points of the dashboard's cache charts."""
-        pipe = self._redis.pipeline(transaction=False)
-        for minute in minutes:
-            pipe.hgetall(_bucket(minute))
-        out = []
-        for reply in await pipe.execute():
-            totals = dict.fromkeys(METRICS, 0)
-            for raw_field, raw_value in reply.items():
-                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
-                metric = name.rsplit("|", 1)[-1]
-                if metric in totals:
-                    totals[metric] += int(raw_value)
-            out.append(totals)
-        return out
+    async def point_totals(self, minutes: range, point_of: Callable[[int], int]) -> dict[int, dict[str, int]]:
+        """Every counter summed over all deployments, keys and templates, per point of the
+        dashboard's cache charts (``point_of`` a Unix minute of ``minutes``)."""
+        _, by_point = await fold(
+            self._redis, [_bucket(m) for m in minutes], [point_of(m) for m in minutes], "last", total=False
+        )
+        return {point: {m: sums.get(m, 0) for m in METRICS} for point, sums in by_point.items()}
 
     async def costs(self, days: int) -> dict[str, Any]:
         """Requests, tokens and USD per UTC day (newest first), each split by key and by deployment."""

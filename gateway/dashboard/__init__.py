@@ -6,8 +6,9 @@ round trip on the request path; dropped and counted when Redis is slow): its req
 error, retry, hedge and fallback counts, its tier, its cost, and one log-spaced histogram
 bucket for each of TTFT, inter-token latency and end-to-end time, per (deployment, key),
 in 1-minute buckets kept 48 h (the cache-stats retention). ``GET /admin/dashboard`` reads
-a window of them; percentiles come from the buckets (each 10 % wide, so a percentile is
-within ±5 % of the exact one), and folds the minutes into time series for the charts.
+a window of them, summed in Redis (:mod:`gateway.store.fold`); percentiles come from the
+buckets (each 10 % wide, so a percentile is within ±5 % of the exact one), and folds the
+minutes into time series for the charts.
 ``GET /dashboard`` is a static page that polls that API and draws them.
 """
 
@@ -26,6 +27,7 @@ from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
 from gateway.dashboard.histogram import LATENCIES, bucket_of, bucket_value_ms, percentile_ms
 from gateway.dashboard.series import SeriesBuilder
 from gateway.policy import Policy
+from gateway.store.fold import fold
 from gateway.store.writer import StatsWriter
 
 if TYPE_CHECKING:
@@ -152,27 +154,27 @@ class DashboardStats:
         """Everything the page shows, over the last ``since_s`` seconds."""
         now_min = int(time.time()) // BUCKET_S
         minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
-        pipe = self._redis.pipeline(transaction=False)
-        for minute in minutes:
-            pipe.hgetall(_minute_key(minute))
+        series = SeriesBuilder(minutes, BUCKET_S)
+        # Summed in Redis: over the window per field, and per point of the series per
+        # deployment and metric (gateway.store.fold).
+        keys = [_minute_key(m) for m in minutes]
+        sums, by_point = await fold(self._redis, keys, [series.point_of(m) for m in minutes], "first_last")
+        for point, groups in by_point.items():
+            for group, value in groups.items():
+                deployment, metric = group.split("|", 1)
+                series.add(point, deployment, metric, value)
         rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(_empty)
         tiers: dict[str, int] = defaultdict(int)
-        series = SeriesBuilder(minutes, BUCKET_S)
-        for minute, reply in zip(minutes, await pipe.execute(), strict=True):
-            point = series.point_of(minute)
-            for raw_field, raw_value in reply.items():
-                name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
-                deployment, key, metric = name.split("|", 2)
-                value = int(raw_value)
-                series.add(point, deployment, metric, value)
-                row = rows[deployment, key]
-                if metric.startswith("h:"):
-                    _, latency, index = metric.split(":")
-                    row["hist"][latency][int(index)] += value
-                elif metric.startswith("tier:"):
-                    tiers[metric[5:]] += value
-                elif metric in row:
-                    row[metric] += value
+        for name, value in sums.items():
+            deployment, key, metric = name.split("|", 2)
+            row = rows[deployment, key]
+            if metric.startswith("h:"):
+                _, latency, index = metric.split(":")
+                row["hist"][latency][int(index)] += value
+            elif metric.startswith("tier:"):
+                tiers[metric[5:]] += value
+            elif metric in row:
+                row[metric] += value
         by_deployment: dict[str, dict[str, Any]] = defaultdict(_empty)
         by_key: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         totals = _empty()
@@ -182,8 +184,8 @@ class DashboardStats:
             by_key[key][deployment] = _summary(counts)
         routed = sum(tiers.values())
         cache = await self._accounting.report(policy, since_s)
-        for minute, cache_totals in zip(minutes, await self._accounting.minute_totals(minutes), strict=True):
-            series.add_cache(series.point_of(minute), cache_totals)
+        for point, cache_totals in (await self._accounting.point_totals(minutes, series.point_of)).items():
+            series.add_cache(point, cache_totals)
         return {
             "since_s": since_s,
             "generated_at": time.time(),

@@ -22,6 +22,7 @@ from gateway.config import PolicySnapshot, parse_policy
 from gateway.context import RequestContext
 from gateway.procutil import free_port
 from gateway.shaping.shaper import ShapeResult
+from gateway.shaping.stability import StabilityModel
 from gateway.store import connect, is_cluster_url
 from gateway.store.embedded import find_redis_server
 from gateway.store.writer import StatsWriter
@@ -167,6 +168,38 @@ def test_cache_expectations_of_many_deployments_on_a_cluster(cluster: list[int])
     assert first == [0] * 12
     assert second == [3 * CHECKPOINT_TOKENS] * 12
     nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:pfx:*")}
+    assert len(nodes) >= 2
+    sync.close()
+
+
+def test_the_stability_model_loads_templates_from_every_node(cluster: list[int]) -> None:
+    """One script call per template (its two hours share a hash tag), in one pipeline that
+    the client splits per node."""
+    templates = [f"tpl-{i}" for i in range(12)]
+    sync = RedisCluster(host="127.0.0.1", port=cluster[0])
+    sync.flushall()
+    model = StabilityModel()
+
+    async def main() -> None:
+        client = connect(f"redis+cluster://127.0.0.1:{cluster[2]}")
+        writer = StatsWriter(client)
+        try:
+            for name in templates:
+                for _ in range(3):
+                    model.observe(name, ["stable", name], writer)
+            await writer.flush()
+            fresh = StabilityModel()
+            for name in templates:
+                fresh.observe(name, [], None)
+            await fresh._load(client, templates)
+            assert [fresh.verdicts(n, ["stable", n, "other"], 3, 1.0) for n in templates] == [
+                [True, True, False]
+            ] * len(templates)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    nodes = {sync.get_node_from_key(key).port for key in sync.scan_iter("sy:stab:*")}
     assert len(nodes) >= 2
     sync.close()
 
