@@ -25,7 +25,7 @@ from gateway.providers.base import Provider
 from gateway.routing.escalation import escalation_route
 from gateway.routing.resolve import Route
 from gateway.routing.shadow import ShadowSampler
-from gateway.shaping.service import ShapingState, pop_gateway_metadata
+from gateway.shaping.service import ShapingState, pop_gateway_metadata, template_hint
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
 from gateway.telemetry.record import FinishedRequest, finished_request
@@ -140,7 +140,7 @@ def _prepare(
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
-        template = headers.get("x-switchyard-template") or hints.get("switchyard_template")
+        template = template_hint(headers.get("x-switchyard-template"), hints.get("switchyard_template"))
         with tracing.child(ctx, "shape") as span:
             stages.shaping.shape(ctx, body, stages.stats, template)
             if span is not None and ctx.shape is not None:

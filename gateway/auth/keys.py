@@ -120,7 +120,8 @@ def split_token(token: str) -> tuple[str, str] | None:
     if not token.startswith(PREFIX):
         return None
     key_id, sep, secret = token[len(PREFIX) :].partition("_")
-    if not sep or len(key_id) != _ID_HEX or not secret or len(secret) > 128:
+    # A header's bytes that are not UTF-8 read as lone surrogates: no key of ours has them.
+    if not sep or len(key_id) != _ID_HEX or not secret or len(secret) > 128 or not secret.isascii():
         return None
     try:
         int(key_id, 16)

@@ -64,7 +64,8 @@ def key_label(authorization: str | None) -> str | None:
         return None
     if len(_labels) >= MAX_KEYS:
         return OTHER_KEYS
-    label = "key_" + hashlib.blake2b(token.encode(), digest_size=4).hexdigest()
+    # A header's bytes that are not UTF-8 read as lone surrogates: hashed as the bytes sent.
+    label = "key_" + hashlib.blake2b(token.encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
     _labels[authorization] = label
     return label
 

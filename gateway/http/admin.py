@@ -72,7 +72,8 @@ def _require_admin_key(request: web.Request) -> None:
             return
         raise PermissionDeniedError("Admin API is disabled: set SWITCHYARD_ADMIN_KEY.")
     token = bearer_token(request.headers.get("Authorization")) or ""
-    if not hmac.compare_digest(token.encode(), settings.admin_key.encode()):
+    given = token.encode("utf-8", "surrogateescape")  # a header's bytes, as sent
+    if not hmac.compare_digest(given, settings.admin_key.encode("utf-8", "surrogateescape")):
         raise PermissionDeniedError("Admin API needs the admin key.", code="invalid_admin_key")
 
 

@@ -7,10 +7,12 @@ from typing import Any
 
 from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes, checkpoints
 from gateway.context import RequestContext
+from gateway.errors import InvalidRequestError
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
 
 _GATEWAY_METADATA = ("switchyard_tier", "switchyard_template")
+TEMPLATE_MAX_CHARS = 200
 
 
 def pop_gateway_metadata(body: dict[str, Any]) -> dict[str, str]:
@@ -25,6 +27,25 @@ def pop_gateway_metadata(body: dict[str, Any]) -> dict[str, str]:
     else:
         del body["metadata"]
     return taken
+
+
+def template_hint(header: str | None, metadata: str | None) -> str | None:
+    """The template the client names (``x-switchyard-template``, else
+    ``metadata.switchyard_template``), or None. The name goes into Redis field names, where
+    ``|`` separates a deployment, key, template and metric, and into the cache report: it
+    must be at most :data:`TEMPLATE_MAX_CHARS` printable characters without ``|`` (a header
+    that is not UTF-8 reads as unprintable), else the request is refused (400)."""
+    for value, param in ((header, "x-switchyard-template"), (metadata, "metadata.switchyard_template")):
+        if value:
+            if len(value) > TEMPLATE_MAX_CHARS or "|" in value or not value.isprintable():
+                raise InvalidRequestError(
+                    f"{param} names a prompt template: at most {TEMPLATE_MAX_CHARS} printable"
+                    " UTF-8 characters, without '|'.",
+                    param=param,
+                    code="invalid_template",
+                )
+            return value
+    return None
 
 
 class ShapingState:

@@ -14,8 +14,9 @@ scripts"). On a Redis Cluster, whose scripts must keep their keys in one slot, t
 a pipeline (the client splits it per node). Queued closures join the script call in one
 pipeline. A key the script cannot write (say, of another type) counts one dropped write.
 
-A flush that fails or takes longer than ``timeout_s`` drops its batch and counts the
-writes as dropped. Requests never wait on Redis.
+A flush that fails (Redis down, or a value it cannot encode) or takes longer than
+``timeout_s`` drops its batch and counts the writes as dropped; the next flush goes on.
+Requests never wait on Redis.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ class StatsWriter:
         try:
             async with asyncio.timeout(self._timeout_s):
                 failed = await self._write(batch, counters, ttls, lists)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+            # ValueError, TypeError: a value redis-py cannot encode (text that is not UTF-8).
+            # Dropped like the rest: the writer never stops.
             self._dropped(size, repr(exc))
         else:
             self.written += size - failed

@@ -102,3 +102,27 @@ def test_a_key_redis_refuses_is_dropped_and_the_others_are_written(redis_url: st
     assert taken_value == b"a string, not a hash"
     assert fine_value == {b"requests": b"1"}
     assert (written, dropped) == (1, 1)
+
+
+def test_a_value_redis_py_cannot_encode_drops_its_flush_and_the_writer_goes_on(redis_url: str) -> None:
+    """Text that is not UTF-8 (a lone surrogate, as a header of other bytes decodes to) fails
+    the whole flush in redis-py: that flush is dropped and counted, and the next one lands."""
+    key = f"test:after:{uuid.uuid4().hex}"
+
+    async def main() -> tuple[object, int, int]:
+        client = connect(redis_url)
+        writer = StatsWriter(client)
+        try:
+            writer.hincr(key, "bad\udcff", 1, 60)
+            writer.hincr(key, "lost", 1, 60)
+            await writer.flush()
+            writer.hincr(key, "requests", 1, 60)
+            await writer.flush()
+            return await client.hgetall(key), writer.written, writer.dropped
+        finally:
+            await client.delete(key)
+            await client.aclose()
+
+    value, written, dropped = asyncio.run(main())
+    assert value == {b"requests": b"1"}
+    assert (written, dropped) == (1, 1)
