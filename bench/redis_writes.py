@@ -19,7 +19,8 @@ once; it prints the wall and CPU time of the whole load and the lines loaded. Th
 dashboard's report reads the page's default window, an hour, of three deployments, ten
 keys and five templates (900 dashboard and 1,200 cache counters a minute); it prints the
 wall and CPU time and the requests counted. So does the cache report (``GET /admin/stats``)
-of ten minutes of 500 templates on three deployments and three keys. ``--tree``: import
+of ten minutes of 500 templates on three deployments and three keys, and the spend per
+day (``GET /admin/costs?days=30``) of 100 keys on three deployments. ``--tree``: import
 ``gateway`` from another checkout (e.g. ``git archive`` of an older commit) to compare.
 """
 
@@ -35,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+_DAY = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nano_usd")
 
 
 async def _timed(call: Any, rounds: int) -> tuple[float, float]:
@@ -166,6 +169,19 @@ async def run(socket_path: str) -> None:
         f"cache report, 10 min of 500 templates: wall {wall * 1e3:.0f} ms,"
         f" CPU {cpu * 1e3:.0f} ms; {counted} requests"
     )
+
+    # Spend per day (GET /admin/costs?days=30): 100 keys on 3 deployments a day.
+    for i in range(30):
+        day = time.strftime("%Y-%m-%d", time.gmtime(time.time() - i * 86_400))
+        spend = {f"key_{k:04d}|{d}|{m}": 1_000 + k for k in range(100) for d in deployments for m in _DAY}
+        await client.hset(f"sy:cost:{day}", mapping=spend)  # type: ignore[arg-type]
+
+    async def costs() -> None:
+        nonlocal counted
+        counted = sum(day["requests"] for day in (await accounting.costs(30))["days"])
+
+    wall, cpu = await _timed(costs, 3)
+    print(f"costs, 30 days of 100 keys: wall {wall * 1e3:.0f} ms, CPU {cpu * 1e3:.0f} ms; {counted} requests")
     await client.aclose()
 
 

@@ -261,20 +261,18 @@ class Accounting:
         """Requests, tokens and USD per UTC day (newest first), each split by key and by deployment."""
         now = time.time()
         names = [_day(now - i * 86400) for i in range(days)]
-        pipe = self._redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(_day_key(name))
+        # Each day's hash read through the script (one JSON string per call), not as HGETALL
+        # replies that redis-py parses field by field.
+        _, by_day = await fold(self._redis, [_day_key(n) for n in names], range(days), "whole", total=False)
         out = []
-        for name, reply in zip(names, await pipe.execute(), strict=True):
+        for i, name in enumerate(names):
             total: dict[str, int] = dict.fromkeys(_DAY_METRICS, 0)
             by_key: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_DAY_METRICS, 0))
             by_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_DAY_METRICS, 0))
-            for raw_field, raw_value in reply.items():
-                field = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+            for field, value in by_day.get(i, {}).items():
                 key, deployment, metric = field.rsplit("|", 2)
                 if metric not in total:
                     continue
-                value = int(raw_value)
                 total[metric] += value
                 by_key[key][metric] += value
                 by_deployment[deployment][metric] += value

@@ -27,13 +27,13 @@ FIELDS_PER_CALL = 20_000
 FIRST_CHUNK = 10
 MAX_CHUNK = 60
 
-Grouping = Literal["first_last", "last"]
+Grouping = Literal["first_last", "last", "whole"]
 """How a field is named in the per-point sums: its first and last ``|``-separated parts
-(``deployment|metric``), or its last part only (``metric``)."""
+(``deployment|metric``), its last part only (``metric``), or the whole field."""
 
 _FOLD_LUA = """
 -- KEYS: counter hashes. ARGV[i]: the point KEYS[i] belongs to; then the grouping
--- ('first_last' or 'last') and whether to return the totals ('1' or '0').
+-- ('first_last', 'last' or 'whole') and whether to return the totals ('1' or '0').
 -- Returns {"total": {field: sum}, "points": {point: {group: sum}}, "read": fields} as
 -- JSON, every sum a decimal string (exact to 2^53; JSON numbers from Lua keep only 14
 -- digits).
@@ -53,8 +53,12 @@ for i = 1, n do
     if want_total then total[field] = (total[field] or 0) + v end
     local group = group_of[field]  -- the minutes repeat their fields: matched once
     if group == nil then
-      group = string.match(field, '[^|]*$')
-      if grouping == 'first_last' then group = string.match(field, '^[^|]*') .. '|' .. group end
+      if grouping == 'whole' then
+        group = field
+      else
+        group = string.match(field, '[^|]*$')
+        if grouping == 'first_last' then group = string.match(field, '^[^|]*') .. '|' .. group end
+      end
       group_of[field] = group
     end
     at[group] = (at[group] or 0) + v

@@ -37,6 +37,7 @@ def test_fold_sums_fields_and_groups_per_point_across_chunks(
     want_total: dict[str, int] = defaultdict(int)
     want_last: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     want_first_last: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    want_whole: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for key, point in zip(keys, points, strict=True):
         counts = {f: rnd.randint(1, 1_000) for f in rnd.sample(fields, 10)}
         sync.hset(key, mapping=counts)  # type: ignore[arg-type]
@@ -45,25 +46,29 @@ def test_fold_sums_fields_and_groups_per_point_across_chunks(
             want_total[field] += value
             want_last[point][parts[-1]] += value
             want_first_last[point][f"{parts[0]}|{parts[-1]}"] += value
+            want_whole[point][field] += value
     # Beyond the 14 digits of Lua's JSON numbers, still exact.
     sync.hset(keys[0], "big|k|cost_nusd", 2**52 + 1)
     sync.hset(keys[1], "big|k|cost_nusd", 2**52 - 3)
     want_total["big|k|cost_nusd"] = 2**53 - 2
     want_last[0]["cost_nusd"] += 2**53 - 2
     want_first_last[0]["big|cost_nusd"] += 2**53 - 2
+    want_whole[0]["big|k|cost_nusd"] += 2**53 - 2
 
     async def run() -> tuple[object, ...]:
         client = connect(redis_url)
         try:
             with_total = await fold(client, [*keys, "t:fold:absent"], [*points, 99], "first_last")
             last_only = await fold(client, keys, points, "last", total=False)
-            return with_total, last_only, await fold(client, [], [], "last")
+            whole = await fold(client, keys, points, "whole", total=False)
+            return with_total, last_only, whole, await fold(client, [], [], "last")
         finally:
             await client.aclose()
 
-    (total, by_point), (no_total, by_point_last), empty = asyncio.run(run())  # type: ignore[misc]
+    (total, by_point), (no_total, by_point_last), (_, by_point_whole), empty = asyncio.run(run())  # type: ignore[misc]
     assert total == want_total
     assert by_point == {p: dict(g) for p, g in want_first_last.items()}
     assert no_total == {}
     assert by_point_last == {p: dict(g) for p, g in want_last.items()}
+    assert by_point_whole == {p: dict(g) for p, g in want_whole.items()}
     assert empty == ({}, {})
