@@ -7,8 +7,10 @@ system prompt (``bench/shaping.py``'s 130-line coding agent), ``--tools`` tools 
 of JSON each (``bench/routing_features.py``'s), and ``--steps`` tool calls with their
 results. For a fresh parse of that body on every call it times each step of a request's
 preparation: parsing, the size limits (nesting depth, counts), validation, shaping with the
-checkpoint chain, and routing (``overhead.sh --full``'s policy). Prints the best of three
-means, in microseconds per request. Run it with ``PYTHONPATH`` set to the tree to measure.
+checkpoint chain, and routing (``overhead.sh --full``'s policy), each alone (writing the
+tools' JSON it needs) and the four chained as the pipeline chains them (the JSON the size
+limits write handed on). Prints the best of three means, in microseconds per request.
+Run it with ``PYTHONPATH`` set to the tree to measure.
 """
 
 from __future__ import annotations
@@ -79,12 +81,20 @@ def main() -> None:
     def shaping(body: dict[str, Any]) -> None:
         checkpoints(body, shaper.shape(body, stability).rendered_tools)
 
+    def chained(body: dict[str, Any]) -> None:
+        # As the pipeline chains them: the tools' JSON the size limits write is handed on.
+        tools_json = check_limits(body, max_depth=64, max_messages=2048, max_content_parts=256)
+        validate(ChatCompletionRequest, body)
+        checkpoints(body, shaper.shape(body, stability, tools_json=tools_json).rendered_tools)
+        router.resolve(body, tool_chars=len(tools_json) if tools_json is not None else None)
+
     steps: dict[str, Step] = {
         "parse (orjson)": lambda body: orjson.loads(raw),
         "size limits": limits,
         "validation": lambda body: validate(ChatCompletionRequest, body),
         "shaping and checkpoints": shaping,
         "routing (ngram)": router.resolve,
+        "the four, chained": chained,
     }
     print(f"agent request: {len(raw):,} bytes, {args.tools} tools, {args.steps} tool calls; us per request")
     for name, step in steps.items():

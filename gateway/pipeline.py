@@ -128,7 +128,7 @@ def _prepare(
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
     template) come from headers or ``metadata`` and are not sent upstream."""
     settings = stages.settings
-    check_limits(
+    tools_json = check_limits(
         body,
         max_depth=settings.max_json_depth,
         max_messages=settings.max_messages,
@@ -142,7 +142,7 @@ def _prepare(
     if schema is ChatCompletionRequest:
         template = template_hint(headers.get("x-switchyard-template"), hints.get("switchyard_template"))
         with tracing.child(ctx, "shape") as span:
-            stages.shaping.shape(ctx, body, stages.stats, template)
+            stages.shaping.shape(ctx, body, stages.stats, template, tools_json)
             if span is not None and ctx.shape is not None:
                 span.set_attributes(
                     {
@@ -154,8 +154,15 @@ def _prepare(
     dispatcher = stages.dispatcher
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
-        view = dialect.routing_view(body) if dialect is not None else body
-        route = ctx.snapshot.router.resolve(view, hint, dispatcher.available, dispatcher.pool.in_flight)
+        # The canonical tools shaping put in the body have the length of the client's: only
+        # keys moved. Another dialect's routing view has tools of another form.
+        if dialect is None:
+            view, tool_chars = body, len(tools_json) if tools_json is not None else None
+        else:
+            view, tool_chars = dialect.routing_view(body), None
+        route = ctx.snapshot.router.resolve(
+            view, hint, dispatcher.available, dispatcher.pool.in_flight, tool_chars
+        )
         _set_route(ctx, route)
         ctx.route = route
         if span is not None:

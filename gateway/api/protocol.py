@@ -224,19 +224,20 @@ _TOOL_LEVELS_KEPT = 256
 _TOOL_LEVELS_MAX_BYTES = 1 << 16
 
 
-def _body_depth_over(body: dict[str, Any], max_depth: int) -> bool:
-    """:func:`_depth_over` for a request body. An agent sends the same tools on every request
-    and their schemas are most of a body's objects, so their depth is remembered by their
-    JSON (writing it is C speed, a quarter of the walk's cost)."""
+def _body_depth_over(body: dict[str, Any], max_depth: int) -> tuple[bool, bytes | None]:
+    """:func:`_depth_over` for a request body, and its tool list's compact JSON (None without
+    one). An agent sends the same tools on every request and their schemas are most of a
+    body's objects, so their depth is remembered by their JSON (writing it is C speed, a
+    quarter of the walk's cost)."""
     tools = body.get("tools")
     if type(tools) is not list or not tools:
-        return _depth_over(body, max_depth)
+        return _depth_over(body, max_depth), None
     if _depth_over({k: v for k, v in body.items() if k != "tools"}, max_depth):
-        return True
+        return True, None
     try:
         key = orjson.dumps(tools)
     except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), or not JSON at all
-        return _depth_over(tools, max_depth - 1)
+        return _depth_over(tools, max_depth - 1), None
     levels = _TOOL_LEVELS.get(key)
     if levels is None:
         levels = _levels(tools)
@@ -244,13 +245,18 @@ def _body_depth_over(body: dict[str, Any], max_depth: int) -> bool:
             if len(_TOOL_LEVELS) >= _TOOL_LEVELS_KEPT:
                 _TOOL_LEVELS.clear()
             _TOOL_LEVELS[key] = levels
-    return 1 + levels > max_depth
+    return 1 + levels > max_depth, key
 
 
-def check_limits(body: dict[str, Any], *, max_depth: int, max_messages: int, max_content_parts: int) -> None:
+def check_limits(
+    body: dict[str, Any], *, max_depth: int, max_messages: int, max_content_parts: int
+) -> bytes | None:
     """The size limits a body must keep before it is validated or sent anywhere:
-    nesting depth, number of messages, content parts per message."""
-    if _body_depth_over(body, max_depth):
+    nesting depth, number of messages, content parts per message. Returns the body's tool
+    list as compact JSON (None without one), written for the depth check: shaping and
+    routing read it instead of writing it again (an agent's 20 tools: ~11 µs each time)."""
+    over, tools_json = _body_depth_over(body, max_depth)
+    if over:
         raise InvalidRequestError(
             f"The request body nests objects and arrays deeper than {max_depth} levels.",
             code="json_too_deep",
@@ -273,3 +279,4 @@ def check_limits(body: dict[str, Any], *, max_depth: int, max_messages: int, max
                     param=f"messages[{i}].content",
                     code="array_above_max_length",
                 )
+    return tools_json

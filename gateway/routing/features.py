@@ -180,8 +180,9 @@ def _json_chars(value: object) -> int:
         return len(str(value))
 
 
-def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
-    """The body-shape features of a chat (or completions) request body."""
+def structure(body: Mapping[str, Any], hint: str | None = None, tool_chars: int | None = None) -> Structure:
+    """The body-shape features of a chat (or completions) request body. ``tool_chars``: the
+    length of its tool list's compact JSON, when the caller knows it."""
     messages = body.get("messages")
     total_chars = 0
     turns = 0
@@ -203,7 +204,8 @@ def structure(body: Mapping[str, Any], hint: str | None = None) -> Structure:
         total_chars = len(last_user)
         turns = 1
     tools = body.get("tools")
-    tool_chars = _json_chars(tools) if tools else 0
+    if tool_chars is None:
+        tool_chars = _json_chars(tools) if tools else 0
     fmt = body.get("response_format")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     effort = body.get("reasoning_effort")

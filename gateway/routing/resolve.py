@@ -133,9 +133,11 @@ class Router:
         hint: str | None = None,
         available: Callable[[str], bool] = _always,
         in_flight: Mapping[str, int] | None = None,
+        tool_chars: int | None = None,
     ) -> Route:
         """The route for a request body. Raises :class:`ModelNotFoundError` for a name the
-        policy does not know."""
+        policy does not know. ``tool_chars``: the length of the body's tool list as compact
+        JSON, when the caller knows it (:func:`~gateway.routing.features.structure`)."""
         policy = self.policy
         model = str(body.get("model", ""))
         if not policy.routing.route_all and model != AUTO:
@@ -145,7 +147,7 @@ class Router:
             if name not in policy.tiers:
                 raise ModelNotFoundError(model)
             return Route(name, order_tier(policy, name, available, in_flight), "model")
-        tier, reason, score, _ = self._choose(structure(body, hint))
+        tier, reason, score, _ = self._choose(structure(body, hint, tool_chars))
         deployments = order_tier(policy, tier, available, in_flight)
         if score is not None:
             return Route(tier, deployments, "score", score, policy.routing.threshold)

@@ -58,10 +58,16 @@ class ShapingState:
         self.prefixes = LocalPrefixes()
 
     def shape(
-        self, ctx: RequestContext, body: dict[str, Any], writer: StatsWriter | None, template: str | None
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        writer: StatsWriter | None,
+        template: str | None,
+        tools_json: bytes | None = None,
     ) -> None:
-        """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``."""
-        ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template)
+        """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``.
+        ``tools_json``: the body's tool list as compact JSON, if the caller has it."""
+        ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
         ctx.prefix_chain = checkpoints(body, ctx.shape.rendered_tools)
 
     def prefix_hit(self, ctx: RequestContext) -> None:

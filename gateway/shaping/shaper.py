@@ -128,10 +128,12 @@ class PolicyShaper(Decisions, HeadSignatures):
             self._canonical_memo[raw] = found
         return found
 
-    def _shaped_tools(self, tools: list[Any]) -> _ShapedTools:
+    def _shaped_tools(self, tools: list[Any], raw: bytes | None = None) -> _ShapedTools:
         """A tool list in canonical form, sorted as the policy asks, with its names and JSON
-        (memoized by its bytes: a template's requests carry the same tools)."""
-        raw = orjson.dumps(tools)
+        (memoized by its bytes: a template's requests carry the same tools). ``raw``: the
+        list's compact JSON when the caller has it (the size limits wrote it)."""
+        if raw is None:
+            raw = orjson.dumps(tools)
         found = self._tools_memo.get(raw)
         if found is not None:
             return found
@@ -152,13 +154,15 @@ class PolicyShaper(Decisions, HeadSignatures):
         stability: StabilityModel | None = None,
         writer: StatsWriter | None = None,
         template: str | None = None,
+        tools_json: bytes | None = None,
     ) -> ShapeResult:
         """Reorder ``body`` in place (a chat completion request) and say what moved.
 
         ``template`` names the request's template explicitly; otherwise it is the hash of its
         tool names and its longest system line, masked (the instructions, typically: a user's
         name or the date does not change it; a template whose longest line varies is named
-        by the client, ``x-switchyard-template``)."""
+        by the client, ``x-switchyard-template``). ``tools_json``: the body's tool list as
+        compact JSON, when the caller wrote it already (:func:`~gateway.api.protocol.check_limits`)."""
         policy = self.policy
         result = ShapeResult()
         messages = body.get("messages")
@@ -166,7 +170,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             return result
         tools = body.get("tools")
         shaped_tools = (
-            self._shaped_tools(tools)
+            self._shaped_tools(tools, tools_json)
             if policy.enabled and policy.canonical_json and isinstance(tools, list)
             else None
         )

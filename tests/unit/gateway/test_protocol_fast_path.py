@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -116,8 +117,11 @@ def test_a_bodys_depth_with_tools_agrees_with_the_stack_walk(
 ) -> None:
     body = {"model": "m", "rest": rest, "tools": tools}
     expected = _reference_depth_over(body, max_depth)
-    assert _body_depth_over(body, max_depth) == expected
-    assert _body_depth_over(body, max_depth) == expected  # the same tools again: remembered
+    over, tools_json = _body_depth_over(body, max_depth)
+    assert over == expected
+    assert _body_depth_over(body, max_depth) == (over, tools_json)  # the same tools again: remembered
+    if tools_json is not None:  # handed on to shaping and routing: the tools' compact JSON
+        assert tools_json == orjson.dumps(tools)
 
 
 def test_tools_nested_too_deep_are_refused_every_time() -> None:
@@ -126,4 +130,4 @@ def test_tools_nested_too_deep_are_refused_every_time() -> None:
         deep = {"d": deep}
     for tools in ([{"type": "function", "function": {"name": "f", "parameters": deep}}], [deep]):
         for _ in range(2):
-            assert _body_depth_over({"model": "m", "tools": tools}, 64)
+            assert _body_depth_over({"model": "m", "tools": tools}, 64)[0]

@@ -262,3 +262,44 @@ def test_the_shaped_tools_render_as_the_body_carries_them() -> None:
     off = PolicyShaper(ShapingPolicy(canonical_json=False))
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool("b"), tool("a")]}
     assert off.shape(body, StabilityModel()).rendered_tools is None  # the body's own tools render
+
+
+_SCHEMA = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+_TOOL = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {
+                "name": st.text(min_size=1, max_size=8),
+                "parameters": st.dictionaries(st.text(max_size=6), _SCHEMA),
+            }
+        ),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TOOL, min_size=1, max_size=4))
+def test_the_size_limits_tools_json_shapes_and_routes_as_written_afresh(tools: list[Any]) -> None:
+    """The tools' JSON the size limits wrote is what shaping memoizes by and what routing
+    measures: shaping with it leaves the same body, and the canonical tools it leaves are as
+    long in JSON as the client's (only keys moved), which routing counts."""
+    import orjson
+
+    from gateway.api.protocol import check_limits
+    from gateway.routing.features import structure
+
+    def body() -> dict[str, Any]:
+        return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": copy.deepcopy(tools)}
+
+    given_body, afresh_body = body(), body()
+    tools_json = check_limits(given_body, max_depth=64, max_messages=64, max_content_parts=64)
+    assert tools_json == orjson.dumps(tools)
+    PolicyShaper(ShapingPolicy()).shape(given_body, StabilityModel(), tools_json=tools_json)
+    PolicyShaper(ShapingPolicy()).shape(afresh_body, StabilityModel())
+    assert given_body == afresh_body
+    assert structure(given_body, tool_chars=len(tools_json)) == structure(afresh_body)
