@@ -1,7 +1,9 @@
-"""Sums of many counter hashes, folded in Redis: what the dashboard and the cache report read.
+"""Sums of many counter hashes, folded in Redis: what the dashboard, the cache report and
+the spend per day read.
 
-Both read one hash per minute of their window (``sy:dash:<minute>``, ``sy:cs:<minute>``),
-with a field per deployment, key (and template) and metric. Read as HGETALL replies,
+The first two read one hash per minute of their window (``sy:dash:<minute>``,
+``sy:cs:<minute>``), the third one per day (``sy:cost:<day>``), with a field per
+deployment, key (and template) and metric. Read as HGETALL replies,
 redis-py parsed every field and value in Python: an hour of three deployments and ten keys
 held the event loop for about 2 s, at every refresh of the dashboard page (every 5 s by
 default), while no request moved. :data:`_FOLD_LUA` sums the fields in Redis and returns
