@@ -183,7 +183,7 @@ class Accounting:
         the first segment where its requests diverge."""
         now_min = int(time.time()) // BUCKET_S
         minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
-        sums, _ = await fold(self._redis, [_bucket(m) for m in minutes], [0] * len(minutes), "last")
+        sums, _ = await fold(self._redis, [_bucket(m) for m in minutes])
         rows: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
         for name, value in sums.items():
             deployment, key, template, metric = name.rsplit("|", 3)
