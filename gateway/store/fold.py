@@ -18,11 +18,13 @@ slot, each hash is a call of its own, as many to a pipeline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+
+from gateway.store import eval_each
 
 FIELDS_PER_CALL = 20_000
 """About how many fields one round trip folds (the hashes per call follow their size)."""
@@ -101,13 +103,12 @@ async def fold(
     while start < len(keys):
         part, part_points = keys[start : start + chunk], points[start : start + chunk]
         start += len(part)
-        if cluster:
-            pipe = redis.pipeline(transaction=False)
-            for key, point in zip(part, part_points, strict=True):
-                pipe.eval(_FOLD_LUA, 1, key, point, mode, int(total))
-            replies = await pipe.execute()
+        calls: list[tuple[Sequence[str], list[Any]]]
+        if cluster:  # a call per hash: a script's keys must share a slot
+            calls = [([key], [point, mode, int(total)]) for key, point in zip(part, part_points, strict=True)]
         else:
-            replies = [await redis.eval(_FOLD_LUA, len(part), *part, *part_points, mode, int(total))]
+            calls = [(part, [*part_points, mode, int(total)])]
+        replies = await eval_each(redis, _FOLD_LUA, calls)
         read = 0
         for reply in replies:
             folded = orjson.loads(reply)
