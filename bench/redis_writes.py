@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-_DAY = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nano_usd")
-
 
 async def _timed(call: Any, rounds: int) -> tuple[float, float]:
     """Median wall and CPU seconds of ``await call()``."""
@@ -54,11 +52,11 @@ async def _timed(call: Any, rounds: int) -> tuple[float, float]:
 async def run(socket_path: str) -> None:
     from redis.asyncio import Redis
 
-    from gateway.cachestats import BUCKET_S, METRICS, Accounting
+    from gateway.cachestats import _DAY_METRICS, BUCKET_S, METRICS, Accounting, _bucket, _day, _day_key
     from gateway.cachestats.prefix import expect_shared
     from gateway.config import parse_policy
-    from gateway.dashboard import DashboardStats
-    from gateway.shaping.stability import COUNT_FIELD, HOUR_S, StabilityModel
+    from gateway.dashboard import DashboardStats, _minute_key
+    from gateway.shaping.stability import COUNT_FIELD, HOUR_S, StabilityModel, _key
     from gateway.store.writer import StatsWriter
 
     client = Redis(unix_socket_path=socket_path)
@@ -103,7 +101,7 @@ async def run(socket_path: str) -> None:
     for name in templates:
         for h in (hour, hour - 1):
             counts = {f"{rnd.getrandbits(64):016x}": rnd.randint(1, 300) for _ in range(80)}
-            pipe.hset(f"sy:stab:{{{name}}}:{h}", mapping={**counts, COUNT_FIELD: 300})
+            pipe.hset(_key(name, h), mapping={**counts, COUNT_FIELD: 300})
     await pipe.execute()
     model = StabilityModel()
 
@@ -131,8 +129,8 @@ async def run(socket_path: str) -> None:
                 dash.update({prefix + f"h:e2e:{100 + b}": 3 for b in range(10)})
                 dash.update({prefix + f"h:{lat}:{80 + b}": 2 for lat in ("ttft", "itl") for b in range(8)})
                 cache.update({f"{prefix}{t:016x}|{m}": 1_000 for t in range(5) for m in METRICS})
-        await client.hset(f"sy:dash:{minute}", mapping=dash)  # type: ignore[arg-type]
-        await client.hset(f"sy:cs:{minute}", mapping=cache)  # type: ignore[arg-type]
+        await client.hset(_minute_key(minute), mapping=dash)  # type: ignore[arg-type]
+        await client.hset(_bucket(minute), mapping=cache)  # type: ignore[arg-type]
     policy = parse_policy(
         "deployments: {" + ", ".join(f"{d}: {{base_url: 'http://x'}}" for d in deployments) + "}\n"
         "tiers: {fast: [d-fast]}\n",
@@ -157,7 +155,7 @@ async def run(socket_path: str) -> None:
             for t in range(500)
             for m in METRICS
         }
-        await client.hset(f"sy:cs:{minute}", mapping=cache)  # type: ignore[arg-type]
+        await client.hset(_bucket(minute), mapping=cache)  # type: ignore[arg-type]
     accounting = Accounting(writer, client)
 
     async def cache_report() -> None:
@@ -172,9 +170,10 @@ async def run(socket_path: str) -> None:
 
     # Spend per day (GET /admin/costs?days=30): 100 keys on 3 deployments a day.
     for i in range(30):
-        day = time.strftime("%Y-%m-%d", time.gmtime(time.time() - i * 86_400))
-        spend = {f"key_{k:04d}|{d}|{m}": 1_000 + k for k in range(100) for d in deployments for m in _DAY}
-        await client.hset(f"sy:cost:{day}", mapping=spend)  # type: ignore[arg-type]
+        spend = {
+            f"key_{k:04d}|{d}|{m}": 1_000 + k for k in range(100) for d in deployments for m in _DAY_METRICS
+        }
+        await client.hset(_day_key(_day(time.time() - i * 86_400)), mapping=spend)  # type: ignore[arg-type]
 
     async def costs() -> None:
         nonlocal counted

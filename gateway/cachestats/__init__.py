@@ -55,6 +55,12 @@ COST_RETENTION_DAYS = 90
 _DAY_METRICS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nano_usd")
 
 
+def window(since_s: int) -> range:
+    """The Unix minutes of the last ``since_s`` seconds (at least the current one)."""
+    now_min = int(time.time()) // BUCKET_S
+    return range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
+
+
 def _bucket(minute: int) -> str:
     return f"sy:cs:{minute}"
 
@@ -181,9 +187,20 @@ class Accounting:
         """Totals over the last ``since_s`` seconds per deployment, key and template, with
         hit rates, the expected rate, the saving in USD, and for each template under 30 %
         the first segment where its requests diverge."""
-        now_min = int(time.time()) // BUCKET_S
-        minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
-        sums, _ = await fold(self._redis, [_bucket(m) for m in minutes], [0] * len(minutes), "last")
+        found, _ = await self.window_report(policy, since_s, window(since_s))
+        return found
+
+    async def window_report(
+        self, policy: Policy, since_s: int, minutes: range, point_of: Callable[[int], int] | None = None
+    ) -> tuple[dict[str, Any], dict[int, dict[str, int]]]:
+        """:meth:`report` over ``minutes`` (the last ``since_s`` seconds), and with
+        ``point_of`` (a Unix minute's point of the dashboard's cache charts) every counter
+        summed over all deployments, keys and templates per point: one read of the minutes."""
+        keys = [_bucket(m) for m in minutes]
+        if point_of is None:
+            sums, by_point = await fold(self._redis, keys)
+        else:
+            sums, by_point = await fold(self._redis, keys, [point_of(m) for m in minutes], "last")
         rows: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
         for name, value in sums.items():
             deployment, key, template, metric = name.rsplit("|", 3)
@@ -231,6 +248,7 @@ class Accounting:
         for counts in rows.values():
             for metric, value in counts.items():
                 totals[metric] += value
+        point_totals = {point: {m: found.get(m, 0) for m in METRICS} for point, found in by_point.items()}
         return {
             "since_s": since_s,
             "totals": {**_rates(totals), "saved_usd": round(sum(saved.values()), 6)},
@@ -247,15 +265,7 @@ class Accounting:
                 "pending": self._writer.pending,
                 "expectations_dropped": self.expectations_dropped,
             },
-        }
-
-    async def point_totals(self, minutes: range, point_of: Callable[[int], int]) -> dict[int, dict[str, int]]:
-        """Every counter summed over all deployments, keys and templates, per point of the
-        dashboard's cache charts (``point_of`` a Unix minute of ``minutes``)."""
-        _, by_point = await fold(
-            self._redis, [_bucket(m) for m in minutes], [point_of(m) for m in minutes], "last", total=False
-        )
-        return {point: {m: sums.get(m, 0) for m in METRICS} for point, sums in by_point.items()}
+        }, point_totals
 
     async def costs(self, days: int) -> dict[str, Any]:
         """Requests, tokens and USD per UTC day (newest first), each split by key and by deployment."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from gateway.prompt_render import render_chat
+from gateway.store import eval_each
 
 CHECKPOINT_BYTES = 512
 CHECKPOINT_TOKENS = 128
@@ -528,18 +529,8 @@ async def expect_shared(
         calls += (max(1, int(ttl_s * 1000)), int(step != CHECKPOINT_BYTES), packed)
         places.append((deployment, step, place, len(steps)))
     # One hash tag per deployment: on Redis Cluster all of its keys share a slot.
-    keys = {d: (f"{KEY_PREFIX}{{{d}}}:", f"{_FINE_KEY_PREFIX}{{{d}}}:") for d in args}
-    if len(args) == 1:  # one deployment, the common case: a pipeline of one costs more
-        [(deployment, calls)] = args.items()
-        replies = [await redis.eval(_EXPECT_LUA, 2, *keys[deployment], *calls)]
-    elif args:
-        pipe = redis.pipeline(transaction=False)
-        for deployment, calls in args.items():
-            pipe.eval(_EXPECT_LUA, 2, *keys[deployment], *calls)
-        replies = await pipe.execute()
-    else:
-        replies = []
-    hits_of = dict(zip(args, replies, strict=True))
+    per_deployment = [((f"{KEY_PREFIX}{{{d}}}:", f"{_FINE_KEY_PREFIX}{{{d}}}:"), a) for d, a in args.items()]
+    hits_of = dict(zip(args, await eval_each(redis, _EXPECT_LUA, per_deployment), strict=True))
     return [
         geometry.tokens(deployment, length if place < 0 else int(hits_of[deployment][place]), step)
         for deployment, step, place, length in places

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from gateway.auth.bearer import bearer_token
-from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting
+from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting, window
 from gateway.dashboard.histogram import LATENCIES, bucket_of, bucket_value_ms, percentile_ms
 from gateway.dashboard.series import SeriesBuilder
 from gateway.policy import Policy
@@ -153,8 +153,7 @@ class DashboardStats:
 
     async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
         """Everything the page shows, over the last ``since_s`` seconds."""
-        now_min = int(time.time()) // BUCKET_S
-        minutes = range(now_min - max(1, since_s // BUCKET_S) + 1, now_min + 1)
+        minutes = window(since_s)
         series = SeriesBuilder(minutes, BUCKET_S)
         # Summed in Redis: over the window per field, and per point of the series per
         # deployment and metric (gateway.store.fold).
@@ -184,8 +183,8 @@ class DashboardStats:
             _merge(totals, counts)
             by_key[key][deployment] = _summary(counts)
         routed = sum(tiers.values())
-        cache = await self._accounting.report(policy, since_s)
-        for point, cache_totals in (await self._accounting.point_totals(minutes, series.point_of)).items():
+        cache, cache_points = await self._accounting.window_report(policy, since_s, minutes, series.point_of)
+        for point, cache_totals in cache_points.items():
             series.add_cache(point, cache_totals)
         return {
             "since_s": since_s,

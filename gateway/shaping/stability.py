@@ -17,11 +17,10 @@ replaced, off the request path, by the shared counts from Redis (every few secon
 templates this process served since their last load, and as soon as a template is first
 seen), so the model is shared by every replica and survives restarts.
 
-A template's two hours are summed in Redis and come back as one JSON object
-(:data:`_LOAD_LUA`): read as HGETALL replies, redis-py parsed every field and count in
-Python, and 500 templates of 160 counts held the event loop for ~0.7 s
-(``bench/redis_writes.py``). The templates are loaded 25 to a round trip, so requests
-move between them.
+A template's two hours are summed in Redis (:func:`gateway.store.fold.fold`, about 20,000
+counts a round trip, so requests move between them): read as HGETALL replies, redis-py
+parsed every field and count in Python, and 500 templates of 160 counts held the event
+loop for ~0.7 s (``bench/redis_writes.py``).
 """
 
 from __future__ import annotations
@@ -33,11 +32,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import orjson
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.store.fold import fold
 from gateway.store.writer import StatsWriter, add_one_each
 
 _log = structlog.get_logger("switchyard.shaping")
@@ -49,20 +48,6 @@ SAMPLE_EVERY = 4
 SAMPLE_MORE_AFTER = 256
 SAMPLE_EVERY_MORE = 16
 TTL_S = 3 * HOUR_S
-_LOAD_CHUNK = 25  # templates per round trip
-
-_LOAD_LUA = """
--- KEYS: one template's counts of this hour and of the previous one (one hash tag: one
--- slot on a Redis Cluster). Returns their sum per field as a JSON object.
-local merged = {}
-for i = 1, #KEYS do
-  local flat = redis.call('HGETALL', KEYS[i])
-  for j = 1, #flat, 2 do
-    merged[flat[j]] = (merged[flat[j]] or 0) + tonumber(flat[j + 1])
-  end
-end
-return cjson.encode(merged)
-"""
 
 
 def _key(template: str, hour: int) -> str:
@@ -151,16 +136,14 @@ class StabilityModel:
 
     async def _load(self, redis: Redis, names: list[str]) -> None:
         hour = int(time.time()) // HOUR_S
-        for start in range(0, len(names), _LOAD_CHUNK):
-            chunk = names[start : start + _LOAD_CHUNK]
-            pipe = redis.pipeline(transaction=False)
-            for name in chunk:
-                pipe.eval(_LOAD_LUA, 2, _key(name, hour), _key(name, hour - 1))
-            for name, reply in zip(chunk, await pipe.execute(), strict=True):
-                merged: dict[str, int] = orjson.loads(reply)
-                n = merged.pop(COUNT_FIELD, 0)
-                counts = self._templates.get(name)
-                if counts is not None:
-                    counts.loaded_at_calls = counts.calls
-                    if n >= counts.n:
-                        counts.n, counts.lines, counts.fresh = n, merged, True
+        keys = [key for name in names for key in (_key(name, hour), _key(name, hour - 1))]
+        # Per template its two hours' counts, summed in Redis (gateway.store.fold).
+        _, by_template = await fold(redis, keys, [i // 2 for i in range(len(keys))], "whole", total=False)
+        for i, name in enumerate(names):
+            merged = by_template.get(i, {})
+            n = merged.pop(COUNT_FIELD, 0)
+            counts = self._templates.get(name)
+            if counts is not None:
+                counts.loaded_at_calls = counts.calls
+                if n >= counts.n:
+                    counts.n, counts.lines, counts.fresh = n, merged, True

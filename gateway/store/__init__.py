@@ -14,13 +14,14 @@ expectations' script does, one call per deployment).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-__all__ = ["CLUSTER_SCHEMES", "SCHEMES", "check_url", "connect", "display_url", "is_cluster_url"]
+__all__ = ["CLUSTER_SCHEMES", "SCHEMES", "check_url", "connect", "display_url", "eval_each", "is_cluster_url"]
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
@@ -111,3 +112,20 @@ def _connect_cluster(url: str, **options: Any) -> aioredis.Redis:
     # RedisCluster speaks the commands the gateway uses (pipelines, hashes, PING, ...);
     # it is typed as a Redis client so the stores need no union.
     return cast(aioredis.Redis, cluster)
+
+
+async def eval_each(
+    redis: aioredis.Redis, script: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+) -> list[Any]:
+    """The replies of ``script`` run once per ``(keys, args)`` of ``calls``: one EVAL for one
+    call (a pipeline of one costs more than the command), else one pipeline (on a Redis
+    Cluster the client sends each call to the node of its keys' slot)."""
+    if len(calls) == 1:
+        [(keys, args)] = calls
+        return [await redis.eval(script, len(keys), *keys, *args)]
+    if not calls:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.eval(script, len(keys), *keys, *args)
+    return list(await pipe.execute())

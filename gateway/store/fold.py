@@ -18,11 +18,13 @@ slot, each hash is a call of its own, as many to a pipeline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+
+from gateway.store import eval_each
 
 FIELDS_PER_CALL = 20_000
 """About how many fields one round trip folds (the hashes per call follow their size)."""
@@ -35,7 +37,8 @@ Grouping = Literal["first_last", "last", "whole"]
 
 _FOLD_LUA = """
 -- KEYS: counter hashes. ARGV[i]: the point KEYS[i] belongs to; then the grouping
--- ('first_last', 'last' or 'whole') and whether to return the totals ('1' or '0').
+-- ('first_last', 'last', 'whole', or 'none': no per-point sums) and whether to return the
+-- totals ('1' or '0').
 -- Returns {"total": {field: sum}, "points": {point: {group: sum}}, "read": fields} as
 -- JSON, every sum a decimal string (exact to 2^53; JSON numbers from Lua keep only 14
 -- digits).
@@ -46,24 +49,26 @@ for i = 1, n do
   local flat = redis.call('HGETALL', KEYS[i])
   read = read + #flat / 2
   local at = points[ARGV[i]]
-  if at == nil and #flat > 0 then  -- a point without fields is left out
+  if at == nil and #flat > 0 and grouping ~= 'none' then  -- a point without fields is left out
     at = {}
     points[ARGV[i]] = at
   end
   for j = 1, #flat, 2 do
     local field, v = flat[j], tonumber(flat[j + 1])
     if want_total then total[field] = (total[field] or 0) + v end
-    local group = group_of[field]  -- the minutes repeat their fields: matched once
-    if group == nil then
-      if grouping == 'whole' then
-        group = field
-      else
-        group = string.match(field, '[^|]*$')
-        if grouping == 'first_last' then group = string.match(field, '^[^|]*') .. '|' .. group end
+    if at then
+      local group = group_of[field]  -- the minutes repeat their fields: matched once
+      if group == nil then
+        if grouping == 'whole' then
+          group = field
+        else
+          group = string.match(field, '[^|]*$')
+          if grouping == 'first_last' then group = string.match(field, '^[^|]*') .. '|' .. group end
+        end
+        group_of[field] = group
       end
-      group_of[field] = group
+      at[group] = (at[group] or 0) + v
     end
-    at[group] = (at[group] or 0) + v
   end
 end
 local function decimal(sums)
@@ -78,10 +83,19 @@ return cjson.encode({total = decimal(total), points = shown, read = read})
 
 
 async def fold(
-    redis: Redis, keys: Sequence[str], points: Sequence[int], grouping: Grouping, total: bool = True
+    redis: Redis,
+    keys: Sequence[str],
+    points: Sequence[int] | None = None,
+    grouping: Grouping = "whole",
+    total: bool = True,
 ) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
     """The sum of each field over ``keys`` (if ``total``), and per point (``points[i]`` is
-    the point of ``keys[i]``) the sums of the fields' groups (:data:`Grouping`)."""
+    the point of ``keys[i]``) the sums of the fields' groups (:data:`Grouping`); without
+    ``points``, no per-point sums."""
+    if points is None:
+        points, mode = [0] * len(keys), "none"
+    else:
+        mode = grouping
     cluster = isinstance(redis, RedisCluster)
     sums: dict[str, int] = {}
     by_point: dict[int, dict[str, int]] = {}
@@ -89,13 +103,12 @@ async def fold(
     while start < len(keys):
         part, part_points = keys[start : start + chunk], points[start : start + chunk]
         start += len(part)
-        if cluster:
-            pipe = redis.pipeline(transaction=False)
-            for key, point in zip(part, part_points, strict=True):
-                pipe.eval(_FOLD_LUA, 1, key, point, grouping, int(total))
-            replies = await pipe.execute()
+        calls: list[tuple[Sequence[str], list[Any]]]
+        if cluster:  # a call per hash: a script's keys must share a slot
+            calls = [([key], [point, mode, int(total)]) for key, point in zip(part, part_points, strict=True)]
         else:
-            replies = [await redis.eval(_FOLD_LUA, len(part), *part, *part_points, grouping, int(total))]
+            calls = [(part, [*part_points, mode, int(total)])]
+        replies = await eval_each(redis, _FOLD_LUA, calls)
         read = 0
         for reply in replies:
             folded = orjson.loads(reply)

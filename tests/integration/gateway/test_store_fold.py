@@ -61,6 +61,7 @@ def test_fold_sums_fields_and_groups_per_point_across_chunks(
             with_total = await fold(client, [*keys, "t:fold:absent"], [*points, 99], "first_last")
             last_only = await fold(client, keys, points, "last", total=False)
             whole = await fold(client, keys, points, "whole", total=False)
+            assert await fold(client, keys) == (want_total, {})  # no points: no per-point sums
             return with_total, last_only, whole, await fold(client, [], [], "last")
         finally:
             await client.aclose()

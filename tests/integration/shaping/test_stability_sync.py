@@ -1,6 +1,6 @@
 """The learned stability model's counts, loaded from a real Redis: a template's two hours
-summed by a script, many templates in chunks, and only the templates this process served
-reloaded."""
+summed by the fold script, many templates over several round trips, and only the templates
+this process served reloaded."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import redis
 from gateway.shaping import stability
 from gateway.shaping.stability import COUNT_FIELD, HOUR_S, StabilityModel
 from gateway.store import connect
+from gateway.store.fold import FIRST_CHUNK
 
 NOW = 1_800_000_000.0  # a fixed clock: the test never straddles an hour
 
@@ -35,7 +36,7 @@ def test_two_hours_are_summed_and_many_templates_load(redis_url: str) -> None:
     sync.flushdb()
     # "a" is on 5 of 6 requests over the two hours, "b" on 1: stable and volatile at 50 %.
     _seed(sync, "t", {"a": 3, COUNT_FIELD: 4}, {"a": 2, "b": 1, COUNT_FIELD: 2})
-    names = [f"many-{i}" for i in range(stability._LOAD_CHUNK * 2 + 7)]  # three round trips
+    names = [f"many-{i}" for i in range(FIRST_CHUNK * 2 + 7)]  # several round trips
     for i, name in enumerate(names):
         _seed(sync, name, {"x": i + 1, COUNT_FIELD: i + 1}, {})
     model = StabilityModel()
