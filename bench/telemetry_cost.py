@@ -1,6 +1,6 @@
 """CPU cost per request of the telemetry bookkeeping, measured in isolation (no I/O):
-Prometheus recording, the dashboard's counters, and tracing off vs on (spans handed to a
-batch processor whose exporter drops them).
+Prometheus recording, the dashboard's and the cache report's counters, and tracing off vs
+on (spans handed to a batch processor whose exporter drops them).
 
     .venv/bin/python bench/telemetry_cost.py [--n 20000]
     PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) .venv/bin/python bench/telemetry_cost.py   # as with --workers N
@@ -64,7 +64,8 @@ def main() -> None:
     snapshot = PolicyHolder(None).current
     metrics = Metrics()
     writer = StatsWriter(None)  # type: ignore[arg-type]  # hincr never touches Redis
-    dashboard = DashboardStats(writer, None, Accounting(writer, None))  # type: ignore[arg-type]
+    accounting = Accounting(writer, None)  # type: ignore[arg-type]
+    dashboard = DashboardStats(writer, None, accounting)  # type: ignore[arg-type]
     ctx = _ctx(snapshot)
     done = finished_request(ctx)
 
@@ -113,6 +114,7 @@ def main() -> None:
         ("finished_request (the record every sink reads)", _best_us(lambda: finished_request(ctx), n)),
         (f"Metrics.record + its share of a sync (Prometheus, {mode})", _best_us(recorded, n)),
         ("DashboardStats.record (counters for Redis)", _best_us(lambda: dashboard.record(done), n)),
+        ("Accounting.record (cache, cost counters for Redis)", _best_us(lambda: accounting.record(done), n)),
         ("tracing off: every hook (minus making a ctx)", _best_us(hooks_off, n) - base),
         ("tracing on: request + 3 child spans (minus making a ctx)", _best_us(traced, n // 4) - base),
     ]
