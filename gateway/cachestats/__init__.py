@@ -52,6 +52,8 @@ METRICS = (
 )
 NO_KEY = "-"
 COST_RETENTION_DAYS = 90
+_TTL_S = RETENTION_S + BUCKET_S
+_DAY_TTL_S = COST_RETENTION_DAYS * 86400
 _DAY_METRICS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nano_usd")
 
 
@@ -113,16 +115,16 @@ class Accounting:
         # A vLLM deployment's tokens per prompt byte, for the next expectations.
         GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
         template = done.shape.template if done.shape is not None else NO_KEY
-        prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
         key, day_key = self._keys_now()
-        ttl = RETENTION_S + BUCKET_S
-        hincr = self._writer.hincr
-        hincr(key, prefix + "requests", 1, ttl)
+        # This minute's counters of the deployment, key and template, and today's of the key
+        # and deployment (the costs report).
+        prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
+        minute = self._writer.counters(key, prefix, _TTL_S)
+        day = self._writer.counters(day_key, f"{done.key_id or NO_KEY}|{done.deployment}|", _DAY_TTL_S)
+        minute["requests"] = minute.get("requests", 0) + 1
         if done.failed:
-            hincr(key, prefix + "errors", 1, ttl)
-        day_prefix = f"{done.key_id or NO_KEY}|{done.deployment}|"
-        day_ttl = COST_RETENTION_DAYS * 86400
-        hincr(day_key, day_prefix + "requests", 1, day_ttl)
+            minute["errors"] = minute.get("errors", 0) + 1
+        day["requests"] = day.get("requests", 0) + 1
         for name, value in (
             ("prompt_tokens", done.prompt_tokens),
             ("completion_tokens", done.completion_tokens),
@@ -130,13 +132,13 @@ class Accounting:
             ("cost_nano_usd", done.cost_nano_usd),
         ):
             if value:
-                hincr(key, prefix + name, value, ttl)
-                hincr(day_key, day_prefix + name, value, day_ttl)
+                minute[name] = minute.get(name, 0) + value
+                day[name] = day.get(name, 0) + value
         shape = done.shape
         if shape is None:
             return
         if shape.moved or shape.tools_sorted or shape.rag_moved:
-            hincr(key, prefix + "shaped_requests", 1, ttl)
+            minute["shaped_requests"] = minute.get("shaped_requests", 0) + 1
         if shape.moves:
             moved = orjson.dumps(
                 {
@@ -172,7 +174,8 @@ class Accounting:
             return
         for (key, prefix, _, _, _), tokens in zip(batch, expected, strict=True):
             if tokens:
-                self._writer.hincr(key, prefix + "expected_cached_tokens", tokens, RETENTION_S + BUCKET_S)
+                minute = self._writer.counters(key, prefix, _TTL_S)
+                minute["expected_cached_tokens"] = minute.get("expected_cached_tokens", 0) + tokens
 
     async def run(self) -> None:
         """Resolve expectations every ``interval_s`` until cancelled; a last batch on the way out."""

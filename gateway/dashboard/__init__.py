@@ -129,27 +129,29 @@ class DashboardStats:
         if done.deployment is None:
             return
         key = _minute_key(int(time.time()) // BUCKET_S)
-        ttl = RETENTION_S + BUCKET_S
-        prefix = f"{done.deployment}|{done.key_id or NO_KEY}|"
-        hincr = self._writer.hincr
-        hincr(key, prefix + "requests", 1, ttl)
+        c = self._writer.counters(key, f"{done.deployment}|{done.key_id or NO_KEY}|", RETENTION_S + BUCKET_S)
+        c["requests"] = c.get("requests", 0) + 1
         if done.failed:
-            hincr(key, prefix + "errors", 1, ttl)
+            c["errors"] = c.get("errors", 0) + 1
         if done.retries:
-            hincr(key, prefix + "retries", done.retries, ttl)
+            c["retries"] = c.get("retries", 0) + done.retries
         if done.hedged:
-            hincr(key, prefix + "hedges", 1, ttl)
+            c["hedges"] = c.get("hedges", 0) + 1
         if done.fallback_tier is not None:
-            hincr(key, prefix + "fallbacks", 1, ttl)
+            c["fallbacks"] = c.get("fallbacks", 0) + 1
         if done.tier is not None:
-            hincr(key, prefix + "tier:" + done.tier, 1, ttl)
+            name = "tier:" + done.tier
+            c[name] = c.get(name, 0) + 1
         if done.cost_nano_usd:
-            hincr(key, prefix + "cost_nusd", done.cost_nano_usd, ttl)
-        hincr(key, prefix + f"h:e2e:{bucket_of(done.e2e_ms)}", 1, ttl)
+            c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
+        name = f"h:e2e:{bucket_of(done.e2e_ms)}"
+        c[name] = c.get(name, 0) + 1
         if done.stream and done.ttft_ms is not None:
-            hincr(key, prefix + f"h:ttft:{bucket_of(done.ttft_ms)}", 1, ttl)
+            name = f"h:ttft:{bucket_of(done.ttft_ms)}"
+            c[name] = c.get(name, 0) + 1
             if done.itl_ms is not None:
-                hincr(key, prefix + f"h:itl:{bucket_of(done.itl_ms)}", 1, ttl)
+                name = f"h:itl:{bucket_of(done.itl_ms)}"
+                c[name] = c.get(name, 0) + 1
 
     async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
         """Everything the page shows, over the last ``since_s`` seconds."""

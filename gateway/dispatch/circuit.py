@@ -39,9 +39,19 @@ class Breaker:
     opened_at: float = float("-inf")
     probes_in_flight: int = 0
     outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
+    """(clock time, ok) of the attempts in the policy's window, oldest first."""
+    failures: int = 0  # of ``outcomes``: kept as they come and go, never counted over the window
     opened_by: str = ""  # "local" or "shared"
     last_success_at: float = float("-inf")  # when the latest successful attempt ended
     last_failure: str = ""  # the reason of the latest failure (shown by /readyz)
+
+
+def _expire(breaker: Breaker, before: float) -> deque[tuple[float, bool]]:
+    """Drop ``breaker``'s outcomes from before ``before`` (the window's start); the rest."""
+    outcomes = breaker.outcomes
+    while outcomes and outcomes[0][0] < before:
+        breaker.failures -= not outcomes.popleft()[1]
+    return outcomes
 
 
 class Breakers:
@@ -115,10 +125,9 @@ class Breakers:
         policy = self.policy
         breaker = self._get(name)
         now = self._clock.now()
-        outcomes = breaker.outcomes
-        outcomes.append((now, ok))
-        while outcomes and outcomes[0][0] < now - policy.window_s:
-            outcomes.popleft()
+        breaker.outcomes.append((now, ok))
+        breaker.failures += not ok
+        outcomes = _expire(breaker, now - policy.window_s)
         if ok:
             breaker.last_success_at = now
         else:
@@ -131,6 +140,7 @@ class Breakers:
                 breaker.probes_in_flight = 0
                 breaker.consecutive_failures = 0
                 breaker.outcomes.clear()
+                breaker.failures = 0
                 breaker.opened_by = ""
                 self._move(breaker, "closed")
             else:
@@ -142,9 +152,8 @@ class Breakers:
             return
         if started_at is None or started_at >= breaker.last_success_at:
             breaker.consecutive_failures += 1
-        failures = sum(1 for _, good in outcomes if not good)
         if breaker.consecutive_failures >= policy.consecutive_failures or (
-            len(outcomes) >= policy.min_requests and failures / len(outcomes) >= policy.failure_rate
+            len(outcomes) >= policy.min_requests and breaker.failures / len(outcomes) >= policy.failure_rate
         ):
             self._open(breaker, now, "local")
 
@@ -171,7 +180,7 @@ class Breakers:
         now = self._clock.now()
         out: dict[str, Any] = {}
         for name, b in self._breakers.items():
-            recent = [ok for t, ok in b.outcomes if t >= now - self.policy.window_s]
+            recent = _expire(b, now - self.policy.window_s)
             out[name] = {
                 "state": "open" if self.is_open(name) else ("half_open" if b.state != "closed" else "closed"),
                 "opened_by": b.opened_by or None,
@@ -179,7 +188,7 @@ class Breakers:
                 "consecutive_failures": b.consecutive_failures,
                 "last_failure": b.last_failure or None,
                 "window_attempts": len(recent),
-                "window_failures": sum(1 for ok in recent if not ok),
+                "window_failures": b.failures,
             }
         return out
 

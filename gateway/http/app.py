@@ -145,6 +145,8 @@ async def _shared_state(app: web.Application) -> AsyncIterator[None]:
 async def _metrics_sync(app: web.Application) -> AsyncIterator[None]:
     async with _running(ops.sync_metrics_forever(app), "metrics-sync"):
         yield
+    # The last requests' tallies, for the other workers' scrapes (and a restarted worker's).
+    ops.sync_metrics(app)
 
 
 async def _learning(app: web.Application) -> AsyncIterator[None]:

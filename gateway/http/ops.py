@@ -182,9 +182,10 @@ def sync_metrics(app: web.Application) -> None:
     )
 
 
-async def sync_metrics_forever(app: web.Application, interval_s: float = 1.0) -> None:
+async def sync_metrics_forever(app: web.Application, interval_s: float = 0.25) -> None:
     """:func:`sync_metrics` every ``interval_s``."""
-    # Other workers answer scrapes too: each keeps its shared-memory figures at most a second old.
+    # Other workers answer scrapes too: each keeps its shared-memory figures at most
+    # ``interval_s`` old.
     while True:
         await asyncio.sleep(interval_s)
         sync_metrics(app)

@@ -1,9 +1,12 @@
 """Stats writes to Redis, off the request path: queued, pipelined, and dropped when Redis is slow.
 
-A request only adds to in-process counters (:meth:`StatsWriter.hincr`), to a capped
+A request only adds to in-process counters (:meth:`StatsWriter.counters`), to a capped
 list (:meth:`StatsWriter.push`), or appends a small closure to a bounded queue
-(:meth:`StatsWriter.add`). A background task flushes all of them every
-``flush_interval_s``: counters are summed first and a list's new values go in one LPUSH,
+(:meth:`StatsWriter.add`). Counters are kept by the fields' common prefix (a request's
+deployment, key and template) and the rest of the name, so a request's dozen counters cost
+a dozen dict updates, not a dozen field names built and hashed; the names are joined at the
+flush. A background task flushes all of them every ``flush_interval_s``: counters are summed
+first and a list's new values go in one LPUSH,
 so the work per flush depends on how many keys changed, not on the request rate.
 
 The counters and lists go to Redis as one Lua script call (:data:`_WRITE_LUA`), not as a
@@ -90,7 +93,8 @@ class StatsWriter:
     ) -> None:
         self._redis = redis
         self._pending: deque[Op] = deque()
-        self._counters: dict[str, dict[str, int]] = {}
+        # Hash key -> field prefix -> the rest of the field's name -> amount.
+        self._counters: dict[str, dict[str, dict[str, int]]] = {}
         self._ttls: dict[str, int] = {}
         self._lists: dict[str, _CappedList] = {}
         self._max_pending = max_pending
@@ -107,28 +111,25 @@ class StatsWriter:
             return
         self._pending.append(op)
 
-    def _fields(self, key: str, ttl_s: int) -> dict[str, int] | None:
-        """The in-process counters of one hash; None (and a drop counted) when too many keys wait."""
-        fields = self._counters.get(key)
-        if fields is None:
+    def counters(self, key: str, prefix: str, ttl_s: int) -> dict[str, int]:
+        """The in-process counters of the fields ``prefix + name`` of one hash, by ``name``:
+        add to them (``c[name] = c.get(name, 0) + amount``); they are summed until the next
+        flush. When too many keys wait, a throwaway (and a drop counted)."""
+        prefixes = self._counters.get(key)
+        if prefixes is None:
             if len(self._counters) >= self._max_pending:
                 self.dropped += 1
-                return None
-            fields = self._counters[key] = {}
+                return {}
+            prefixes = self._counters[key] = {}
             self._ttls[key] = ttl_s
-        return fields
-
-    def hincr(self, key: str, field: str, amount: int, ttl_s: int) -> None:
-        """Add ``amount`` to a hash field; summed in process until the next flush."""
-        fields = self._fields(key, ttl_s)
-        if fields is not None:
-            fields[field] = fields.get(field, 0) + amount
+        found = prefixes.get(prefix)
+        if found is None:
+            found = prefixes[prefix] = {}
+        return found
 
     def hincr_each(self, key: str, fields: Set[str], ttl_s: int) -> None:
         """Add 1 to each of these fields of one hash (one call for many fields)."""
-        counters = self._fields(key, ttl_s)
-        if counters is not None:
-            add_one_each(counters, fields)
+        add_one_each(self.counters(key, "", ttl_s), fields)
 
     def push(self, key: str, value: bytes, keep: int, ttl_s: int) -> None:
         """Prepend ``value`` to the list ``key``, of which Redis keeps the newest ``keep``;
@@ -156,7 +157,8 @@ class StatsWriter:
             return
         batch = list(self._pending)
         self._pending.clear()
-        counters, ttls, lists = self._counters, self._ttls, self._lists
+        counters = {key: fields for key, prefixes in self._counters.items() if (fields := _joined(prefixes))}
+        ttls, lists = self._ttls, self._lists
         self._counters, self._ttls, self._lists = {}, {}, {}
         size = len(batch) + len(counters) + sum(len(entry.values) for entry in lists.values())
         try:
@@ -224,6 +226,18 @@ class StatsWriter:
                 await self.flush()
         finally:
             await asyncio.shield(self.flush())
+
+
+def _joined(prefixes: dict[str, dict[str, int]]) -> dict[str, int]:
+    """A hash's counters by their whole field name."""
+    if len(prefixes) == 1 and "" in prefixes:
+        return prefixes[""]
+    fields: dict[str, int] = {}
+    for prefix, names in prefixes.items():
+        for name, amount in names.items():
+            field = prefix + name
+            fields[field] = fields.get(field, 0) + amount
+    return fields
 
 
 class _CappedList:

@@ -1,22 +1,27 @@
 """Prometheus metrics, served at ``GET /metrics``.
 
-A request is recorded once, when it ends (off the client's latency path): three
-histogram observations and a few counter increments on label children cached per
-label tuple. Counts that other stages keep as plain integers (retries, hedges,
-fallbacks, circuit transitions, dropped Redis writes) are copied into counters by
-:meth:`Metrics.sync`, every second and before each scrape, so dispatch and the stats
-writer stay free of metrics code.
+A request is recorded once, when it ends (off the client's latency path), into tallies
+of this process: a sum per counter and, per histogram, a sum and a count per bucket. They
+reach the Prometheus metrics in :meth:`Metrics.sync`, every quarter second and before each
+scrape, in one write per counter and per bucket used, not one per request. Counts that
+other stages keep as plain integers (retries, hedges, fallbacks, circuit transitions,
+dropped Redis writes) are copied in by the same call, so dispatch and the stats writer stay
+free of metrics code.
 
 With ``--workers N`` the runner gives every worker the same ``PROMETHEUS_MULTIPROC_DIR``
 (a fresh temporary folder per run): prometheus_client's multiprocess mode keeps each
 worker's values in memory-mapped files there, and whichever worker answers a scrape
-sums them all, so a scrape sees the whole gateway, not one worker.
+sums them all, so a scrape sees the whole gateway, not one worker. There a write costs
+several times what it does in one process (a lock and a write to the mapped file), which is
+what the tallies save; the price is that a worker killed outright (``SIGKILL``) loses what it
+tallied since its last sync, at most a quarter second of requests.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -63,6 +68,49 @@ def prompt_size(prompt_tokens: int | None) -> str:
     if prompt_tokens < 16384:
         return "4k_16k"
     return "gt16k"
+
+
+class _Tally:
+    """A histogram child's observations since the last sync: their sum and a count per
+    bucket, added to the child in one write per bucket used. This reads prometheus_client's
+    histogram child (``_upper_bounds``, ``_sum``, ``_buckets``: non-cumulative counts);
+    :func:`_tallyable` checks that they are there, else each value is observed as it comes."""
+
+    __slots__ = ("_bounds", "_child", "_counts", "_total")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._bounds: tuple[float, ...] = tuple(child._upper_bounds)
+        self._total = 0.0
+        self._counts = [0] * len(self._bounds)
+
+    def add(self, value: float) -> None:
+        self._total += value
+        if value <= self._bounds[-1]:  # as ``observe``: the first bucket whose bound holds it
+            self._counts[bisect_left(self._bounds, value)] += 1
+
+    def apply(self) -> None:
+        if not any(self._counts) and not self._total:
+            return
+        child = self._child
+        child._sum.inc(self._total)
+        for bucket, count in zip(child._buckets, self._counts, strict=True):
+            if count:
+                bucket.inc(count)
+        self._total = 0.0
+        self._counts = [0] * len(self._bounds)
+
+
+def _tallyable(child: Any) -> bool:
+    """Whether a histogram child has what :class:`_Tally` writes (prometheus_client's own
+    attributes, not its API: checked, never assumed)."""
+    bounds, buckets = getattr(child, "_upper_bounds", None), getattr(child, "_buckets", None)
+    return (
+        isinstance(bounds, list)
+        and isinstance(buckets, list)
+        and len(bounds) == len(buckets) > 0
+        and all(hasattr(v, "inc") for v in (*buckets, getattr(child, "_sum", None)))
+    )
 
 
 class Metrics:
@@ -165,11 +213,23 @@ class Metrics:
             ("outcome",),
             registry=r,
         )
-        self._route: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._latency: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = {}
+        Observe = Callable[[float], None]
+        self._route: dict[tuple[str, str], tuple[Any, Observe]] = {}
+        self._latency: dict[tuple[str, str, str, str], tuple[Observe, Observe, Observe]] = {}
         self._by_deployment: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
         self._synced: dict[Any, int] = {}
+        # Since the last sync: the amount to add per counter child, and the histograms' tallies.
+        self._counts: dict[Any, float] = {}
+        self._tallies: list[_Tally] = []
+
+    def _observer(self, child: Any) -> Callable[[float], None]:
+        """What records a value into a histogram child: its tally, or ``observe`` itself."""
+        if not _tallyable(child):
+            return child.observe  # type: ignore[no-any-return]
+        tally = _Tally(child)
+        self._tallies.append(tally)
+        return tally.add
 
     def record(self, done: FinishedRequest) -> None:
         """Count one finished API request."""
@@ -180,7 +240,8 @@ class Metrics:
         child = self._requests.get(key)
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)
-        child.inc()
+        counts = self._counts
+        counts[child] = counts.get(child, 0) + 1
         route = done.route
         if route is not None and route.reason != "model":
             self._record_route(route.tier or "", route.reason, route.score)
@@ -190,15 +251,15 @@ class Metrics:
         hists = self._latency.get(labels)
         if hists is None:
             hists = self._latency[labels] = (
-                self.ttft.labels(*labels),
-                self.itl.labels(*labels),
-                self.e2e.labels(*labels),
+                self._observer(self.ttft.labels(*labels)),
+                self._observer(self.itl.labels(*labels)),
+                self._observer(self.e2e.labels(*labels)),
             )
-        hists[2].observe(done.e2e_ms / 1000.0)
+        hists[2](done.e2e_ms / 1000.0)
         if done.stream and done.ttft_ms is not None:
-            hists[0].observe(done.ttft_ms / 1000.0)
+            hists[0](done.ttft_ms / 1000.0)
             if done.itl_ms is not None:
-                hists[1].observe(done.itl_ms / 1000.0)
+                hists[1](done.itl_ms / 1000.0)
         if not (done.prompt_tokens or done.cached_tokens or done.completion_tokens or done.cost_nano_usd):
             return
         counters = self._by_deployment.get(deployment)
@@ -209,14 +270,13 @@ class Metrics:
                 self.completion_tokens.labels(deployment),
                 self.cost.labels(deployment),
             )
-        if done.prompt_tokens:
-            counters[0].inc(done.prompt_tokens)
-        if done.cached_tokens:
-            counters[1].inc(done.cached_tokens)
-        if done.completion_tokens:
-            counters[2].inc(done.completion_tokens)
-        if done.cost_nano_usd:
-            counters[3].inc(done.cost_nano_usd / NANO_USD)
+        for counter, amount in zip(
+            counters,
+            (done.prompt_tokens, done.cached_tokens, done.completion_tokens, done.cost_nano_usd / NANO_USD),
+            strict=True,
+        ):
+            if amount:
+                counts[counter] = counts.get(counter, 0) + amount
 
     def _record_route(self, tier: str, reason: str, score: float | None) -> None:
         by = "rule" if reason.startswith("rule:") else reason
@@ -224,11 +284,12 @@ class Metrics:
         if children is None:
             children = self._route[tier, by] = (
                 self.route_decisions.labels(tier, by),
-                self.route_score.labels(tier),
+                self._observer(self.route_score.labels(tier)),
             )
-        children[0].inc()
+        counts = self._counts
+        counts[children[0]] = counts.get(children[0], 0) + 1
         if score is not None:
-            children[1].observe(score)
+            children[1](score)
 
     def shadow_outcome(self, outcome: str) -> None:
         """Count one outcome of the shadow sample (:mod:`gateway.routing.shadow`)."""
@@ -248,7 +309,13 @@ class Metrics:
         redis_dropped: int,
         log_lines_dropped: int,
     ) -> None:
-        """Bring the counters other stages keep as integers up to date (cheap: a few dict reads)."""
+        """Add the requests recorded since the last call, and bring the counters other stages
+        keep as integers up to date (cheap: a few dict reads and a write per child used)."""
+        counts, self._counts = self._counts, {}
+        for child, amount in counts.items():
+            child.inc(amount)
+        for tally in self._tallies:
+            tally.apply()
         add = self._add
         add("retries", self.retries, dispatch_counters.get("retries", 0))
         add("retries_refused", self.retries_refused, dispatch_counters.get("retries_refused_by_budget", 0))

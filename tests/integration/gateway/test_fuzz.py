@@ -107,9 +107,12 @@ def gateways(
         ).start(),
     ]
     yield started
+    # Every gateway is stopped before any is checked: a failed check leaves none running.
+    alive = [gw.proc is not None and gw.proc.poll() is None for gw in started]
     for gw in started:
-        assert gw.proc is not None and gw.proc.poll() is None, "a gateway died under fuzzing"
         gw.stop()
+    assert all(alive), "a gateway died under fuzzing"
+    for gw in started:
         assert_no_unhandled_error(gw.log_path.read_text())
 
 

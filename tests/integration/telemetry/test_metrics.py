@@ -176,7 +176,7 @@ def test_metrics_with_two_workers_sum_every_worker(make_gateway: Any, msim: SimS
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
             pids.add(resp.read())
     assert len(pids) == 2, "both workers answer"
-    time.sleep(0.3)
+    time.sleep(0.6)  # each worker adds its tallies to the shared files every quarter second
     # Whichever worker answers the scrape, it reports both workers' requests.
     for _ in range(6):
         m = scrape(f"http://127.0.0.1:{port}")
@@ -195,6 +195,9 @@ def test_a_dead_workers_counts_stay_in_the_sum_after_its_restart(make_gateway: A
         with urllib.request.urlopen(gw.url + "/healthz", timeout=5) as resp:
             pids.add(json.loads(resp.read())["pid"])
     victim = min(pids)
+    # A worker adds its tallies to the shared files every quarter second; killed outright, it
+    # loses only what came after its last sync.
+    time.sleep(0.6)
     os.kill(victim, signal.SIGKILL)
     # The parent restarts it; until then and after, every scrape still counts all 20.
     deadline = time.monotonic() + 15

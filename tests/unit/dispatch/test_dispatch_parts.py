@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gateway.dispatch.budget import Budget, LatencyWindow
@@ -54,6 +56,41 @@ def test_circuit_opens_on_failure_rate() -> None:
     assert not b.is_open("d")
     b.record("d", False)  # 5 of 10
     assert b.is_open("d")
+
+
+def test_failures_that_left_the_window_no_longer_count_towards_the_rate() -> None:
+    b = breakers(consecutive_failures=100, failure_rate=0.5, min_requests=10, window_s=10)
+    for _ in range(4):
+        b.record("d", False)
+        b.record("d", True)  # 4 failures in 8, none consecutive enough
+    CLOCK.advance(11)  # they age out
+    for _ in range(4):
+        b.record("d", True)
+    b.record("d", False)
+    b.record("d", False)  # 2 of the window's 6: without the ageing, 6 of 14 and then 7 of 15
+    assert not b.is_open("d")
+    status = b.status()["d"]
+    assert (status["window_attempts"], status["window_failures"]) == (6, 2)
+
+
+def test_the_windows_counts_match_a_count_of_its_attempts() -> None:
+    """Kept as attempts come and go, the counts equal a count over the window, whenever read."""
+    rng = random.Random(3)
+    b = breakers(consecutive_failures=10**6, failure_rate=1.0, min_requests=10**6, window_s=5)
+    seen: list[tuple[float, bool]] = []
+    for _ in range(3_000):
+        CLOCK.advance(rng.choice((0.0, 0.001, 0.01, 0.5, 2.0)))
+        ok = rng.random() < 0.7
+        b.record("d", ok)
+        seen.append((CLOCK.now(), ok))
+        if rng.random() < 0.05:
+            CLOCK.advance(rng.random() * 3)
+            recent = [good for t, good in seen if t >= CLOCK.now() - 5]
+            status = b.status()["d"]
+            assert (status["window_attempts"], status["window_failures"]) == (
+                len(recent),
+                recent.count(False),
+            )
 
 
 def test_an_abandoned_probe_frees_its_slot() -> None:

@@ -61,6 +61,7 @@ def test_metrics_and_dashboard_report_the_records_cost() -> None:
     done = finished_request(_ctx("priced"))
     metrics = Metrics()
     metrics.record(done)
+    metrics.sync({}, {}, {}, 0, 0)  # tallied, added at the next sync (each scrape starts with one)
     counted = metrics.registry.get_sample_value("switchyard_cost_usd_total", {"deployment": "priced"})
     assert counted == pytest.approx(done.cost_nano_usd / 1e9)
     writer = _Counting()
@@ -76,7 +77,14 @@ class _Counting(StatsWriter):
 
     def __init__(self) -> None:
         super().__init__(None)  # type: ignore[arg-type]
-        self.added: list[tuple[str, int]] = []
+        self._kept: list[tuple[str, dict[str, int]]] = []
 
-    def hincr(self, key: str, field: str, amount: int, ttl_s: int) -> None:
-        self.added.append((field, amount))
+    def counters(self, key: str, prefix: str, ttl_s: int) -> dict[str, int]:
+        found = super().counters(key, prefix, ttl_s)
+        if all(kept is not found for _, kept in self._kept):
+            self._kept.append((prefix, found))
+        return found
+
+    @property
+    def added(self) -> list[tuple[str, int]]:
+        return [(prefix + name, amount) for prefix, kept in self._kept for name, amount in kept.items()]
