@@ -196,10 +196,15 @@ def test_admin_replicas_shows_what_vllm_reports(fresh: list[SimServer], make_gat
         for r in range(4):
             ask(c, SYSTEMS[2], f"q{r}", f"a{r}")
     deadline = time.monotonic() + 10
-    while True:
+    while True:  # until a scrape taken after the fourth answer (one between them shows 3)
         status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local"]
         busy = [r for r in status["replicas"] if (r["metrics"] or {}).get("prefix_cache_hits_tokens")]
-        if busy and busy[0]["window"] and busy[0]["window"]["prefix_cache_hits_tokens"]:
+        if (
+            busy
+            and busy[0]["window"]
+            and busy[0]["window"]["prefix_cache_hits_tokens"]
+            and (busy[0]["metrics"]["ttft_count"] or 0) >= 4
+        ):
             break
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
