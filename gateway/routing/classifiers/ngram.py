@@ -13,7 +13,8 @@ them.
 
 The request path is pure Python: the weight of each word pair (with its second word's
 folded in) is looked up once per process and memoized (a bounded dict), so a request costs
-a translate, a split, one dict lookup per word and a sum.
+a translate, a split, one dict lookup per word and a sum; a message seen before (an agent's
+task across the steps of its tool loop, a retry) costs one dict lookup (another bounded dict).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ MAX_WORDS = 160
 held-out quality is the same with all of ``Features.text``'s 1,200 characters (about 200 words)."""
 _HALF_WORDS = MAX_WORDS // 2
 _MEMO_LIMIT = 100_000  # distinct word pairs remembered per classifier; about 15 MB at most
+_TEXT_MEMO_LIMIT = 4_096  # distinct messages remembered (each at most 1,201 characters): ~6 MB
 
 Key = str | tuple[str, str]
 
@@ -185,6 +187,9 @@ class Ngram(Classifier):
             model = NgramModel.load(path)
         self.model = model
         self._memo = _Memo(model.table)
+        # Features.text -> its n-grams' logit. An agent sends the same last user message with
+        # every step of its tool loop, and a retried or hedged request sends it again.
+        self._texts: dict[str, float] = {}
         # Only the shape weights read the text features (through Features.vector).
         self.reads_text_features = bool(model.shape)
 
@@ -200,9 +205,19 @@ class Ngram(Classifier):
         total = first + sum(map(memo.__getitem__, pairwise(tokens)))
         return total / math.sqrt(2 * len(tokens) - 1)
 
+    def text_logit(self, text: str) -> float:
+        """:meth:`ngram_logit` of ``text``'s words, remembered per message (a bounded dict)."""
+        texts = self._texts
+        logit = texts.get(text)
+        if logit is None:
+            if len(texts) >= _TEXT_MEMO_LIMIT:
+                texts.clear()
+            logit = texts[text] = self.ngram_logit(words(text))
+        return logit
+
     def strong_probability(self, features: Features) -> float:
         model = self.model
-        z = model.bias + self.ngram_logit(words(features.text)) + model.length_logit(features.last_user_chars)
+        z = model.bias + self.text_logit(features.text) + model.length_logit(features.last_user_chars)
         if model.shape:
             vector = features.vector()
             z += sum(weight * vector[name] for name, weight in model.shape.items())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import gateway.routing.classifiers.ngram as ngram_module
 from gateway.config import PolicyError, parse_policy
 from gateway.routing.classifiers.ngram import (
     DEFAULT_WEIGHTS,
@@ -72,6 +73,21 @@ def test_the_memo_gives_every_word_and_pair_its_own_weight_once() -> None:
         scale = math.sqrt(max(1, 2 * len(tokens) - 1))
         assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)
         assert clf.ngram_logit(tokens) == pytest.approx(expected / scale)  # from the memo
+
+
+def test_a_message_seen_before_scores_as_when_first_seen_and_the_memo_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An agent's tool loop sends one last user message with every step: its score comes from
+    # the per-message memo, which must give what reading the words gives, and stay bounded.
+    monkeypatch.setattr(ngram_module, "_TEXT_MEMO_LIMIT", 3)
+    table = {key_hash("prove"): 2.0, key_hash(("prove", "theorem")): 1.0, key_hash("hello"): -0.5}
+    clf = Ngram(NgramModel(0.0, {}, table, {}))
+    texts = ["Prove theorem", "hello", "nothing known", "prove it", "Hello hello", "Prove theorem"]
+    for text in texts + texts:
+        assert clf.text_logit(text) == pytest.approx(clf.ngram_logit(words(text)))
+        assert len(clf._texts) <= 3
+    assert clf.text_logit("nothing known") == 0.0
 
 
 def test_length_term_is_centred() -> None:
