@@ -340,25 +340,31 @@ async def _exited(proc: asyncio.subprocess.Process) -> int:
     """The exit status of ``proc`` as soon as it exits, whoever holds its output pipe.
 
     A pidfd becomes readable when the process ends (it does not reap it: asyncio's child
-    watcher still does, and sets ``returncode``). Without pidfds: ``proc.wait()``.
+    watcher still does, and sets ``returncode``). Without pidfds: ``proc.wait()``, which
+    returns only once the pipes close.
     """
     if proc.returncode is not None:
         return proc.returncode
     try:
         fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        # Already reaped, and the watcher's callback that sets returncode has not run yet:
+        # wait for that below, not for proc.wait() (a child may hold the pipe for minutes).
+        pass
     except (AttributeError, OSError):
         return await proc.wait()
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-    try:
-        loop.add_reader(fd, _settle, gone)
+    else:
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Future[None] = loop.create_future()
         try:
-            await gone
+            loop.add_reader(fd, _settle, gone)
+            try:
+                await gone
+            finally:
+                loop.remove_reader(fd)
         finally:
-            loop.remove_reader(fd)
-    finally:
-        os.close(fd)
-    # The watcher reaps it a moment later; its status is the one to report.
+            os.close(fd)
+    # The watcher reaps it (or has reaped it) a moment later; its status is the one to report.
     for _ in range(100):
         if proc.returncode is not None:
             return proc.returncode

@@ -32,3 +32,42 @@ def test_exit_is_seen_while_a_child_keeps_the_pipe_open() -> None:
     code, after_s = asyncio.run(main())
     assert code == -signal.SIGKILL
     assert after_s < 1.0
+
+
+def test_exit_is_seen_when_the_process_was_reaped_before_the_watcher_said_so() -> None:
+    # asyncio's child watcher reaps in a thread and sets returncode later, on the loop: in
+    # between the pid is gone (no pidfd to open) and returncode is still None. With a child
+    # holding the pipe, proc.wait() would not return until the child exits.
+    async def main() -> tuple[int, float]:
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", "sleep 30 & echo started; exec sleep 30",
+            stdout=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        await proc.stdout.readline()
+        try:
+            killed_at = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL)
+            block_until_reaped(proc.pid)  # holding the loop: the watcher's callback cannot run
+            assert proc.returncode is None
+            code = await asyncio.wait_for(_exited(proc), 5)
+            return code, time.monotonic() - killed_at
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.communicate()
+
+    code, after_s = asyncio.run(main())
+    assert code == -signal.SIGKILL
+    assert after_s < 1.0
+
+
+def block_until_reaped(pid: int) -> None:
+    """Wait, without yielding to the event loop, until ``pid`` no longer exists."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, "the watcher did not reap the process"
+        time.sleep(0.001)
