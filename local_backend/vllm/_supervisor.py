@@ -336,6 +336,20 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+async def _readable(fd: int) -> None:
+    """Wait until the pidfd ``fd`` is readable (its process has ended), then close it."""
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    try:
+        loop.add_reader(fd, _settle, gone)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
 async def _exited(proc: asyncio.subprocess.Process) -> int:
     """The exit status of ``proc`` as soon as it exits, whoever holds its output pipe.
 
@@ -354,16 +368,7 @@ async def _exited(proc: asyncio.subprocess.Process) -> int:
     except (AttributeError, OSError):
         return await proc.wait()
     else:
-        loop = asyncio.get_running_loop()
-        gone: asyncio.Future[None] = loop.create_future()
-        try:
-            loop.add_reader(fd, _settle, gone)
-            try:
-                await gone
-            finally:
-                loop.remove_reader(fd)
-        finally:
-            os.close(fd)
+        await _readable(fd)
     # The watcher reaps it (or has reaped it) a moment later; its status is the one to report.
     for _ in range(100):
         if proc.returncode is not None:
