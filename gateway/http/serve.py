@@ -137,11 +137,14 @@ async def _drain(app: web.Application, runner: _Runner, site: web.TCPSite) -> No
         await asyncio.wait(tasks, timeout=2.0)
 
 
-GC_GEN0_THRESHOLD = 50_000
+GC_GEN0_THRESHOLD = 20_000
 """Allocations between two young-generation collections once serving (CPython's default
 is 700). Requests make almost no cyclic garbage, so a collection mostly walks the objects
 of the requests in flight, and at 700 it ran every few requests, each walk longer the more
-requests were in flight: CPU per request grew with concurrency (bench/README.md, "#20")."""
+requests were in flight: CPU per request grew with concurrency (bench/README.md, "#20").
+Not higher: a collection is one pause of the event loop as long as the young objects still
+alive, and with many streams open (their state lives for seconds) at 50,000 each pause was
+13-21 ms, the held streams' first-byte p99 (bench/README.md, "the young generation")."""
 
 
 def tune_gc() -> None:
