@@ -142,9 +142,10 @@ GC_GEN0_THRESHOLD = 20_000
 is 700). Requests make almost no cyclic garbage, so a collection mostly walks the objects
 of the requests in flight, and at 700 it ran every few requests, each walk longer the more
 requests were in flight: CPU per request grew with concurrency (bench/README.md, "#20").
-Not higher: a collection is one pause of the event loop as long as the young objects still
-alive, and with many streams open (their state lives for seconds) at 50,000 each pause was
-13-21 ms, the held streams' first-byte p99 (bench/README.md, "the young generation")."""
+Not higher: a collection pauses the event loop while it walks the young objects still
+alive, and with many streams open (their state lives for seconds) each pause at 50,000 was
+13-21 ms, which set the held streams' first-byte p99 (bench/README.md, "the young
+generation's pauses")."""
 
 
 def tune_gc() -> None:
