@@ -12,8 +12,13 @@ when longer; MiniLM reads 256 tokens of that), then scores each of the same 5 he
 folds as ``route eval --folds 5`` (MMLU by subject, GSM8K by question) with a router fitted
 on the other four: k nearest neighbours (cosine; the mean gain of the strong call among
 them) and a ridge head, alone and with 0.5 or 1 times the z-scored log length added to the
-z-scored score (as the ``ngram`` classifier's length term). Prints APGR and the worst
-margin over random per bench, and the median time to embed one prompt (MiniLM on one
+z-scored score (as the ``ngram`` classifier's length term). A third router asks whether
+an unseen subject's gain can be told from the subjects it resembles: each training
+subject's mean vector (its centroid) carries its mean gain of the strong call, and a
+held-out prompt scores the softmax(cosine / tau)-weighted mean of those gains; it also
+prints, per tau, the correlation over subjects between a held-out subject's own gain and
+the gain predicted from its centroid. Prints APGR and the worst margin over random per
+bench, and the median time to embed one prompt (MiniLM on one
 thread). The embeddings are cached as ``.npy`` (``--cache``, default under /tmp). Nothing
 is downloaded: both packages ship their weights.
 """
@@ -101,8 +106,36 @@ def main() -> None:
         w = np.linalg.solve(x.T @ x + alpha * np.eye(x.shape[1]), x.T @ gain[train])
         return np.c_[emb[test], np.ones(len(test))] @ w  # type: ignore[no-any-return]
 
+    # Subjects: MMLU's domains (a row without one is its bench's single group). Vectors
+    # centred on their mean, as the `embedding` classifier's, so topics set the cosines.
+    group = np.array([r.get("domain") or r.get("bench", "all") for r in rows])
+    names = sorted(set(group))
+    centred = emb - emb.mean(axis=0)
+    centred /= np.linalg.norm(centred, axis=1, keepdims=True) + 1e-9
+    centroids = np.stack([centred[group == g].mean(axis=0) for g in names])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-9
+    group_gain = np.array([gain[group == g].mean() for g in names])
+
+    def subjects(train: np.ndarray, test: np.ndarray, tau: float) -> np.ndarray:
+        seen = np.isin(names, group[train])
+        sims = centred[test] @ centroids[seen].T
+        weights = np.exp((sims - sims.max(axis=1, keepdims=True)) / tau)
+        return (weights @ group_gain[seen]) / weights.sum(axis=1)  # type: ignore[no-any-return]
+
+    domain_names = {r.get("domain") for r in rows}
+    domains = [i for i, g in enumerate(names) if g in domain_names]
+    for tau in (0.02, 0.05, 0.1, 0.2):
+        predicted = []
+        for i in domains:
+            seen = [j for j in domains if fold[group == names[j]][0] != fold[group == names[i]][0]]
+            weights = np.exp(centroids[seen] @ centroids[i] / tau)
+            predicted.append(weights @ group_gain[seen] / weights.sum())
+        corr = np.corrcoef(predicted, group_gain[domains])[0, 1] if len(domains) > 2 else float("nan")
+        print(f"  subject gain from other folds' centroids, tau={tau:g}: correlation {corr:+.3f}")
+
     routers = [(f"knn k={k}", knn, k) for k in (20, 50, 100, 200)]
     routers += [(f"ridge alpha={a:g}", ridge, a) for a in (0.1, 1.0, 10.0)]
+    routers += [(f"subjects tau={t:g}", subjects, t) for t in (0.02, 0.05, 0.1, 0.2)]
     for name, fn, knob in routers:
         scores = np.zeros(len(rows))
         for k in range(5):
