@@ -7,11 +7,13 @@
 # and are compared with the direct run of `nonstream` / `stream` in the same round.
 #
 # --full adds a second gateway with every feature on (shaping, routing through the classifier,
-# prices); the first then runs as a pass-through (shaping off, the model named directly).
+# prices); the first then runs as a pass-through (shaping off, the model named directly), or,
+# with --full-minus FEATURE, as the full one without that feature (what it costs, side by side).
 # --peers adds Portkey's gateway (Node). --hold N holds N SSE streams open at once through
 # every target (bench/hold.py) and reports completions, time to first byte and peak RSS.
 #
-# Usage: bash bench/overhead.sh [--litellm] [--peers] [--full] [--workers N] [--duration S]
+# Usage: bash bench/overhead.sh [--litellm] [--peers] [--full] [--full-minus shaping|routing|prices]
+#                               [--workers N] [--duration S]
 #                               [--out FILE] [--warmup S] [--concurrency "1 16 64"]
 #                               [--stream-concurrency "16 64"] [--modes "nonstream stream"|none]
 #                               [--hold N] [--hold-ramp S]
@@ -31,6 +33,7 @@ REPO_ROOT=$(dirname "$BENCH_DIR")
 USE_LITELLM=0
 USE_PEERS=0
 USE_FULL=0
+FULL_MINUS=""
 HOLD_STREAMS=0
 HOLD_RAMP_S=2
 STREAM_CONCURRENCY=""
@@ -64,6 +67,7 @@ while [[ $# -gt 0 ]]; do
     --litellm) USE_LITELLM=1 ;;
     --peers) USE_PEERS=1 ;;
     --full) USE_FULL=1 ;;
+    --full-minus) FULL_MINUS=${2:?--full-minus needs shaping, routing or prices}; USE_FULL=1; shift ;;
     --hold) HOLD_STREAMS=${2:?--hold needs a number of streams}; shift ;;
     --hold-ramp) HOLD_RAMP_S=${2:?--hold-ramp needs seconds}; shift ;;
     --stream-concurrency) STREAM_CONCURRENCY=${2:?--stream-concurrency needs a list}; shift ;;
@@ -94,6 +98,8 @@ done
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 [[ $WAIT_QUIET_S =~ ^[0-9]+$ ]] || die "--wait-quiet must be whole seconds"
 [[ $KEY_MODE == none || $KEY_MODE == unlimited || $KEY_MODE == limited ]] || die "--key: none, unlimited or limited"
+[[ -z $FULL_MINUS || $FULL_MINUS =~ ^(shaping|routing|prices)$ ]] ||
+  die "--full-minus: shaping, routing or prices, not '$FULL_MINUS'"
 [[ $HOLD_STREAMS =~ ^[0-9]+$ ]] || die "--hold must be a whole number of streams"
 [[ $HOLD_RAMP_S =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--hold-ramp must be seconds"
 # --modes none: no wrk runs (e.g. only --hold).
@@ -329,10 +335,10 @@ fi
 # once (the default pool, 256 connections, would queue the rest: that would measure the
 # pool size, not the gateway).
 slow_pool=$((HOLD_STREAMS + 64 > 256 ? HOLD_STREAMS + 64 : 256))
-# write_policy FILE pass|default|full
+# write_policy FILE pass|default|full [MINUS]: MINUS (full only) leaves out shaping, routing or prices.
 write_policy() {
-  local file=$1 kind=$2 price=""
-  [[ $kind == full ]] && price=", price: {input: 0.4, cached_input: 0.1, output: 1.6}"
+  local file=$1 kind=$2 minus=${3:-} price=""
+  [[ $kind == full && $minus != prices ]] && price=", price: {input: 0.4, cached_input: 0.1, output: 1.6}"
   cat >"$file" <<EOF
 deployments:
   canned: {base_url: "http://127.0.0.1:$JSON_PORT/v1", responses_api: translate$price}
@@ -346,6 +352,9 @@ EOF
   case $kind in
     pass) printf 'shaping: {enabled: false}\n' >>"$file" ;;
     full)
+      [[ $minus == shaping ]] && printf 'shaping: {enabled: false}\n' >>"$file"
+      # Without routing the model is named directly, as in the pass-through.
+      [[ $minus == routing ]] && return
       # Every request goes through the router: features, the rules, then the shipped ngram
       # classifier. The canned upstream answers JSON or SSE by port, not by the request, so
       # the stream models are pinned to their tiers by rules (features are still extracted;
@@ -422,10 +431,12 @@ create_key() {
 }
 
 # Without --full the gateway runs the default policy (shaping on, as a user gets it); with
-# --full it is the pass-through next to the fully featured one.
+# --full it is the pass-through next to the fully featured one; with --full-minus, the fully
+# featured one without that feature.
 GW_POLICY_KIND=default
 [[ $USE_FULL == 1 ]] && GW_POLICY_KIND=pass
-write_policy "$WORK/policy.yaml" "$GW_POLICY_KIND"
+[[ -n $FULL_MINUS ]] && GW_POLICY_KIND=full
+write_policy "$WORK/policy.yaml" "$GW_POLICY_KIND" "$FULL_MINUS"
 start_gateway gateway "$WORK/policy.yaml" "$GW_PORT"
 GW_PID=$START_PID
 GW_KEY=sk-bench-dummy
@@ -876,7 +887,7 @@ cat >"$WORK/meta.json" <<EOF
 {
   "timestamp_utc": "$STAMP",
   "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
-  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "peers": $USE_PEERS, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "full_minus": "$FULL_MINUS", "peers": $USE_PEERS, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
   "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION", "portkey": "$PORTKEY_VERSION", "node": "$([[ -n $NODE ]] && "$NODE" --version 2>/dev/null)"},
   "machine_busy_before_pct": $BUSY_BEFORE,
   "load_average_before": "$LOAD_BEFORE",

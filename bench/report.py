@@ -250,8 +250,28 @@ def check_targets(rows: list[Run]) -> list[Run]:
     return checks
 
 
-def check_issue20(rows: list[Run], hold_rows: list[Run]) -> list[Run]:
-    """Issue 20's targets, for the fully featured gateway (``full``, else ``gateway``)."""
+def feature_costs(rows: list[Run]) -> list[str]:
+    """``--full-minus``: what the feature left out of ``gateway`` costs ``full``, per mode and
+    concurrency: the CPU per request of the two side by side (same rounds, medians)."""
+    gateway = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == "gateway"}
+    lines = []
+    for r in rows:
+        other = gateway.get((r["mode"], r["concurrency"]))
+        if r["target"] != "full" or not other:
+            continue
+        full_ms, without_ms = r.get("cpu_ms_per_request"), other.get("cpu_ms_per_request")
+        if not full_ms or not without_ms:
+            continue
+        lines.append(
+            f"  {r['mode']:11} c={r['concurrency']:<3} {1000 * (full_ms - without_ms):+6.1f} us a request"
+            f" ({100 * (full_ms / without_ms - 1):+.1f} %): {without_ms:.3f} -> {full_ms:.3f} ms"
+        )
+    return lines
+
+
+def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> list[Run]:
+    """Issue 20's targets, for the fully featured gateway (``full``, else ``gateway``).
+    With ``minus`` (``--full-minus``) the gateway is not the pass-through: no comparison with it."""
     checks: list[Run] = []
 
     def add(name: str, value: float | None, limit: float, at_most: bool) -> None:
@@ -285,7 +305,7 @@ def check_issue20(rows: list[Run], hold_rows: list[Run]) -> list[Run]:
             r = mine.get((mode, conc))
             if r:
                 add(f"{name} {mode} c={conc} req/s", r["rps"], ISSUE20[f"rps_{mode}"], False)
-        if name == "full":
+        if name == "full" and not minus:
             over = [
                 100.0 * (r["cpu_ms_per_request"] / passing[key]["cpu_ms_per_request"] - 1.0)
                 for key, r in mine.items()
@@ -474,7 +494,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     holds = load_lines(args.hold) if args.hold and Path(args.hold).exists() else []
     hold_rows = summarize_hold(holds)
     checks = check_targets(rows)
-    issue20 = check_issue20(rows, hold_rows)
+    minus = s.get("full_minus") or ""
+    issue20 = check_issue20(rows, hold_rows, minus)
     rss = meta["rss_after_kb"]
     rounds = f", median of {s['repeat']} rounds" if s.get("repeat", 1) > 1 else ""
     v = meta.get("versions", {})
@@ -485,6 +506,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"({meta['host']['cpu_model']}), switchyard {rev}, workers={s['workers']},"
         f" {s['duration_s']}s per run{rounds}"
     )
+    if minus:
+        print(f"gateway: the full policy without {minus} (--full-minus {minus}), next to full")
     print()
     print(table(rows))
     print()
@@ -529,6 +552,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         print()
         print(hold_table(hold_rows))
         print("  TTFB: request sent -> first body bytes, ms; peak RSS: the target's processes (no Redis)")
+    if minus:
+        print()
+        print(f"What {minus} costs (full against gateway, which runs without it; CPU per request):")
+        print("\n".join(feature_costs(rows)))
     print()
     print("Targets (set for one worker):" if s["workers"] != 1 else "Targets:")
     for c in checks:
