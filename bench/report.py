@@ -44,6 +44,7 @@ ISSUE20 = {
 }
 
 Run = dict[str, Any]
+ByRun = dict[tuple[str, int], Run]  # a target's rows by (mode, concurrency)
 
 
 def load_lines(path: str) -> list[Run]:
@@ -222,6 +223,21 @@ def markdown(rows: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def runs_of(rows: list[Run], target: str) -> ByRun:
+    """``target``'s rows that have a result, by (mode, concurrency)."""
+    return {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == target and "rps" in r}
+
+
+def cpu_pairs(mine: ByRun, other: ByRun) -> list[tuple[str, int, float, float]]:
+    """(mode, concurrency, CPU ms per request of ``mine``, of ``other``) where both have one."""
+    pairs = []
+    for key, r in mine.items():
+        theirs = other.get(key)
+        if r.get("cpu_ms_per_request") is not None and theirs and theirs.get("cpu_ms_per_request"):
+            pairs.append((key[0], key[1], r["cpu_ms_per_request"], theirs["cpu_ms_per_request"]))
+    return pairs
+
+
 def check_targets(rows: list[Run]) -> list[Run]:
     checks: list[Run] = []
 
@@ -229,7 +245,7 @@ def check_targets(rows: list[Run]) -> list[Run]:
         ok = value is not None and (value <= limit if at_most else value >= limit)
         checks.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
 
-    gw = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == "gateway" and "rps" in r}
+    gw = runs_of(rows, "gateway")
     for mode in ("nonstream", "stream"):
         r = gw.get((mode, 1))
         if r:
@@ -253,20 +269,11 @@ def check_targets(rows: list[Run]) -> list[Run]:
 def feature_costs(rows: list[Run]) -> list[str]:
     """``--full-minus``: what the feature left out of ``gateway`` costs ``full``, per mode and
     concurrency: the CPU per request of the two side by side (same rounds, medians)."""
-    gateway = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == "gateway"}
-    lines = []
-    for r in rows:
-        other = gateway.get((r["mode"], r["concurrency"]))
-        if r["target"] != "full" or not other:
-            continue
-        full_ms, without_ms = r.get("cpu_ms_per_request"), other.get("cpu_ms_per_request")
-        if not full_ms or not without_ms:
-            continue
-        lines.append(
-            f"  {r['mode']:11} c={r['concurrency']:<3} {1000 * (full_ms - without_ms):+6.1f} us a request"
-            f" ({100 * (full_ms / without_ms - 1):+.1f} %): {without_ms:.3f} -> {full_ms:.3f} ms"
-        )
-    return lines
+    return [
+        f"  {mode:11} c={conc:<3} {1000 * (full_ms - without_ms):+6.1f} us a request"
+        f" ({100 * (full_ms / without_ms - 1):+.1f} %): {without_ms:.3f} -> {full_ms:.3f} ms"
+        for mode, conc, full_ms, without_ms in cpu_pairs(runs_of(rows, "full"), runs_of(rows, "gateway"))
+    ]
 
 
 def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> list[Run]:
@@ -279,8 +286,8 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> lis
         checks.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
 
     name = "full" if any(r["target"] == "full" for r in rows) else "gateway"
-    mine = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == name and "rps" in r}
-    passing = {(r["mode"], r["concurrency"]): r for r in rows if r["target"] == "gateway" and "rps" in r}
+    mine = runs_of(rows, name)
+    passing = runs_of(rows, "gateway")
     for mode in ("nonstream", "stream"):
         cpus = {
             c: r["cpu_ms_per_request"]
@@ -306,14 +313,7 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> lis
             if r:
                 add(f"{name} {mode} c={conc} req/s", r["rps"], ISSUE20[f"rps_{mode}"], False)
         if name == "full" and not minus:
-            over = [
-                100.0 * (r["cpu_ms_per_request"] / passing[key]["cpu_ms_per_request"] - 1.0)
-                for key, r in mine.items()
-                if key[0] == mode
-                and key in passing
-                and "cpu_ms_per_request" in r
-                and passing[key].get("cpu_ms_per_request")
-            ]
+            over = [100.0 * (a / b - 1.0) for m, _, a, b in cpu_pairs(mine, passing) if m == mode]
             if over:
                 add(
                     f"full over pass-through {mode} cpu ms/req, median %",
@@ -423,11 +423,7 @@ def hold_table(rows: list[Run], markdown_out: bool = False) -> str:
 
 def compare_baseline(rows: list[Run], baseline_path: str) -> list[Run]:
     base = json.loads(Path(baseline_path).read_text())
-    base_gw = {
-        (r["mode"], r["concurrency"]): r["rps"]
-        for r in base["summary"]
-        if r["target"] == "gateway" and "rps" in r
-    }
+    base_gw = {key: r["rps"] for key, r in runs_of(base["summary"], "gateway").items()}
     out = []
     for r in rows:
         b = base_gw.get((r["mode"], r["concurrency"]))
