@@ -238,31 +238,42 @@ def cpu_pairs(mine: ByRun, other: ByRun) -> list[tuple[str, int, float, float]]:
     return pairs
 
 
-def check_targets(rows: list[Run]) -> list[Run]:
-    checks: list[Run] = []
+class Checks(list[Run]):
+    """Target checks: each a dict of the measured value, its limit and whether it is met."""
 
-    def add(name: str, value: float | None, limit: float, at_most: bool) -> None:
+    def add(self, name: str, value: float | None, limit: float, at_most: bool) -> None:
         ok = value is not None and (value <= limit if at_most else value >= limit)
-        checks.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
+        self.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
+
+    def show(self) -> None:
+        """Print each check on a line: met or missed, the value and its limit."""
+        for c in self:
+            rel = "<=" if c["at_most"] else ">="
+            value = "-" if c["value"] is None else f"{c['value']:.3f}"
+            print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['check']}: {value} ({rel} {c['limit']})")
+
+
+def check_targets(rows: list[Run]) -> Checks:
+    checks = Checks()
 
     gw = runs_of(rows, "gateway")
     for mode in ("nonstream", "stream"):
         r = gw.get((mode, 1))
         if r:
-            add(f"{mode} c=1 added p50 ms", r.get("added_p50_ms"), TARGETS["c1_added_p50_ms"], True)
-            add(f"{mode} c=1 added p99 ms", r.get("added_p99_ms"), TARGETS["c1_added_p99_ms"], True)
+            checks.add(f"{mode} c=1 added p50 ms", r.get("added_p50_ms"), TARGETS["c1_added_p50_ms"], True)
+            checks.add(f"{mode} c=1 added p99 ms", r.get("added_p99_ms"), TARGETS["c1_added_p99_ms"], True)
         r = gw.get((mode, 64))
         if r:
-            add(f"{mode} c=64 gateway req/s", r["rps"], TARGETS[f"c64_rps_{mode}"], False)
+            checks.add(f"{mode} c=64 gateway req/s", r["rps"], TARGETS[f"c64_rps_{mode}"], False)
             if "rps_vs_litellm" in r:
-                add(
+                checks.add(
                     f"{mode} c=64 gateway/litellm req/s",
                     r["rps_vs_litellm"],
                     TARGETS["vs_litellm_rps"],
                     False,
                 )
     errors = sum(r.get("errors", 0) + r["rounds_without_result"] for r in rows)
-    add("errors in all runs (plus runs without a result)", errors, 0, True)
+    checks.add("errors in all runs (plus runs without a result)", errors, 0, True)
     return checks
 
 
@@ -276,14 +287,10 @@ def feature_costs(rows: list[Run]) -> list[str]:
     ]
 
 
-def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> list[Run]:
+def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> Checks:
     """Issue 20's targets, for the fully featured gateway (``full``, else ``gateway``).
     With ``minus`` (``--full-minus``) the gateway is not the pass-through: no comparison with it."""
-    checks: list[Run] = []
-
-    def add(name: str, value: float | None, limit: float, at_most: bool) -> None:
-        ok = value is not None and (value <= limit if at_most else value >= limit)
-        checks.append({"check": name, "value": value, "limit": limit, "at_most": at_most, "ok": ok})
+    checks = Checks()
 
     name = "full" if any(r["target"] == "full" for r in rows) else "gateway"
     mine = runs_of(rows, name)
@@ -296,10 +303,10 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> lis
         }
         if not cpus:
             continue
-        add(f"{name} {mode} max cpu ms/req", max(cpus.values()), ISSUE20[f"cpu_ms_{mode}"], True)
+        checks.add(f"{name} {mode} max cpu ms/req", max(cpus.values()), ISSUE20[f"cpu_ms_{mode}"], True)
         if len(cpus) > 1:
             flat = 100.0 * (max(cpus.values()) - min(cpus.values())) / min(cpus.values())
-            add(
+            checks.add(
                 f"{name} {mode} cpu ms/req spread over c={sorted(cpus)} %",
                 flat,
                 ISSUE20["cpu_flat_pct"],
@@ -307,15 +314,17 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> lis
             )
         r1 = mine.get((mode, 1))
         if r1 and r1.get("added_p99_ms") is not None:
-            add(f"{name} {mode} c=1 added p99 ms", r1["added_p99_ms"], ISSUE20["c1_added_p99_ms"], True)
+            checks.add(
+                f"{name} {mode} c=1 added p99 ms", r1["added_p99_ms"], ISSUE20["c1_added_p99_ms"], True
+            )
         for conc in (16, 64):
             r = mine.get((mode, conc))
             if r:
-                add(f"{name} {mode} c={conc} req/s", r["rps"], ISSUE20[f"rps_{mode}"], False)
+                checks.add(f"{name} {mode} c={conc} req/s", r["rps"], ISSUE20[f"rps_{mode}"], False)
         if name == "full" and not minus:
             over = [100.0 * (a / b - 1.0) for m, _, a, b in cpu_pairs(mine, passing) if m == mode]
             if over:
-                add(
+                checks.add(
                     f"full over pass-through {mode} cpu ms/req, median %",
                     statistics.median(over),
                     ISSUE20["full_over_pass_pct"],
@@ -323,13 +332,13 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> lis
                 )
     held = next((h for h in hold_rows if h["target"] == name and h.get("ttfb_p99_ms") is not None), None)
     if held:
-        add(
+        checks.add(
             f"{name} --hold {held['streams']}: TTFB p99 ms",
             held["ttfb_p99_ms"],
             ISSUE20["hold_ttfb_p99_ms"],
             True,
         )
-        add(
+        checks.add(
             f"{name} --hold {held['streams']}: streams not complete",
             held["streams"] - held["complete"],
             0,
@@ -554,17 +563,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("\n".join(feature_costs(rows)))
     print()
     print("Targets (set for one worker):" if s["workers"] != 1 else "Targets:")
-    for c in checks:
-        rel = "<=" if c["at_most"] else ">="
-        value = "-" if c["value"] is None else f"{c['value']:.3f}"
-        print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['check']}: {value} ({rel} {c['limit']})")
+    checks.show()
     if issue20:
         print()
         print("Issue 20's targets:")
-        for c in issue20:
-            rel = "<=" if c["at_most"] else ">="
-            value = "-" if c["value"] is None else f"{c['value']:.3f}"
-            print(f"  [{'ok' if c['ok'] else 'MISS'}] {c['check']}: {value} ({rel} {c['limit']})")
+        issue20.show()
     comparison = None
     if args.baseline:
         comparison = compare_baseline(rows, args.baseline)
