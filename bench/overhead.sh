@@ -142,6 +142,13 @@ if [[ -z ${PYTHON:-} ]]; then
   PYTHON=$(command -v python3 || true)
   [[ -z $PYTHON && -n $SWITCHYARD ]] && PYTHON=$(dirname "$SWITCHYARD")/python
 fi
+# Checked now, not after the runs: the report would fail on it and write no results.
+if [[ -n $BASELINE ]]; then
+  [[ -n $PYTHON ]] || die "python3 not found (set PYTHON)"
+  "$PYTHON" -c 'import json, sys; sys.exit(not isinstance(json.load(open(sys.argv[1])).get("summary"), list))' \
+    "$BASELINE" 2>/dev/null ||
+    die "--baseline $BASELINE: not a result of this script (its --out JSON); bench/baseline.json belongs to 'switchyard bench'"
+fi
 LITELLM_VENV=${LITELLM_VENV:-$BENCH_DIR/.litellm-venv}
 LITELLM_SPEC=${LITELLM_SPEC:-litellm[proxy]==1.108.7}
 PORTKEY_DIR=${PORTKEY_DIR:-$BENCH_DIR/.portkey}
