@@ -11,7 +11,10 @@ times: the same message again (an agent's next tool-loop step, a retry: the mess
 hits), warm (a message not seen before whose words were, as common words are in steady
 traffic: the message memo emptied before every call) and cold (both memos emptied before
 every call, every word and pair hashed afresh). ``--tools N`` gives the request N tools of ~600
-bytes of JSON each (an agent's), whose size counts in ``prompt_tokens``.
+bytes of JSON each (an agent's), whose size counts in ``prompt_tokens``. ``--choices`` ends
+the message with four lettered answer options of ~130 characters each, alike ones (a
+multiple-choice question: the ngram classifier's options term reads them on a message's
+first sight, so the warm and cold rows pay for it).
 
 With ``--embedding`` (needs ``pip install 'switchyard[embeddings]'``) it also times the
 ``embedding`` classifier's whole decision, against ``--index FILE`` (from ``route fit
@@ -105,15 +108,23 @@ def time_embedding(body: dict[str, object], index: str | None, runs: int) -> Non
     print(f"routing, embedding (cold): median {c50:6.1f} us   p99 {c99:6.1f} us   (every word tokenized)")
 
 
-def body_of(tokens: int, tools: int = 0) -> dict[str, object]:
+CHOICES = "".join(
+    f"\n{letter}. The carrier contract changed the cut-off time for parcels to {hour} p.m., so the "
+    "late share doubled at the Rotterdam warehouse after the change"
+    for letter, hour in zip("ABCD", (4, 5, 6, 7), strict=True)
+)
+
+
+def body_of(tokens: int, tools: int = 0, choices: bool = False) -> dict[str, object]:
     text = CODE
     while len(text) < tokens * 4:
         text += PROSE
+    text = text[: tokens * 4 - (len(CHOICES) if choices else 0)] + (CHOICES if choices else "")
     body: dict[str, object] = {
         "model": "auto",
         "messages": [
             {"role": "system", "content": "You are an operations analyst."},
-            {"role": "user", "content": text[: tokens * 4]},
+            {"role": "user", "content": text},
         ],
         "max_tokens": 512,
     }
@@ -155,8 +166,9 @@ def main() -> None:
     parser.add_argument("--embedding", action="store_true", help="time the embedding classifier too")
     parser.add_argument("--index", help="with --embedding: an index file (default: 8,000 generated prompts)")
     parser.add_argument("--tools", type=int, default=0, help="give the request this many tools (an agent's)")
+    parser.add_argument("--choices", action="store_true", help="end the message with four answer options")
     args = parser.parse_args()
-    body = body_of(args.tokens, args.tools)
+    body = body_of(args.tokens, args.tools, args.choices)
     router = Router(parse_policy(POLICY, "bench"))
     for fn in (lambda: extract(body), lambda: router.resolve(body)):
         timed(fn, 200)

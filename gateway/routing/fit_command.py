@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,9 @@ def _print_block(block: dict[str, Any], threshold: float, share: float) -> None:
 def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     """Report held-out quality, fit on everything, write the weights."""
     _check_rows(rows)
-    options = FitOptions() if args.l2 is None else FitOptions(l2=args.l2)
+    options = FitOptions(strong_share=args.strong_share)
+    if args.l2 is not None:
+        options = replace(options, l2=args.l2)
     features = [extract(body_of(row)) for row in rows]
     if args.folds > 1 and has_quality(rows):
         _held_out(args, rows, cross_validated_scores(rows, features, args.folds, options))

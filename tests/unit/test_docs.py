@@ -34,7 +34,7 @@ FOREIGN_FLAGS = {
     # bench/shaping.py
     "--cost-only", "--baseline", "--rounds", "--corpus-only",
     # bench/routing_features.py
-    "--embedding", "--index", "--tools",
+    "--embedding", "--index", "--tools", "--choices",
 }  # fmt: skip
 
 

@@ -4,8 +4,10 @@ Logistic regression over (a) the word unigrams and bigrams of ``Features.text`` 
 user message, or its first and last 600 characters when longer, and of those at most the
 first and last 80 words, so an 8k-token prompt costs what a 300-token one does — each
 hashed with CRC-32 and weighted from a fitted table, their sum scaled by 1/sqrt(count);
-(b) a fixed weight on the log of the last user message's length; and (c) optionally, the
-normalized shape features the ``linear`` classifier reads (the shipped weights use none).
+(b) a fixed weight on the log of the last user message's length; (c) for a multiple-choice
+question, a fixed weight on how alike its answer options are
+(:func:`~gateway.routing.features.options_similarity`); and (d) optionally, the normalized
+shape features the ``linear`` classifier reads (the shipped weights use none).
 The table ships in the package (``ngram_weights.json``, fitted by ``switchyard route fit
 --classifier ngram``) and holds hashes and weights only, no words. Words are lowercased,
 digits folded to ``0`` (numbers count by their shape, not their value), punctuation splits
@@ -35,7 +37,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gateway.routing.classifiers import Classifier, ClassifierSettings, register
-from gateway.routing.features import FEATURE_NAMES, Features
+from gateway.routing.features import FEATURE_NAMES, Features, options_similarity
 
 DEFAULT_WEIGHTS = Path(__file__).with_name("ngram_weights.json")
 FORMAT = "switchyard-ngram/1"
@@ -108,10 +110,19 @@ class NgramModel:
     about: dict[str, Any]
     length_weight: float = 0.0
     length_center: float = 0.0
+    options_weight: float = 0.0
+    options_center: float = 0.0
 
     def length_logit(self, last_user_chars: int) -> float:
         """The prompt length's share of the logit."""
         return self.length_weight * (math.log1p(last_user_chars) - self.length_center)
+
+    def options_logit(self, text: str) -> float:
+        """The answer options' share of the logit: 0 for a text that lists none."""
+        if not self.options_weight:
+            return 0.0
+        similarity = options_similarity(text)
+        return 0.0 if similarity is None else self.options_weight * (similarity - self.options_center)
 
     def dump(self, path: Path) -> None:
         """Write the model as JSON (hashes and weights packed as base64 little-endian arrays)."""
@@ -127,6 +138,8 @@ class NgramModel:
             "bias": round(self.bias, 6),
             "length_weight": self.length_weight,
             "length_center": self.length_center,
+            "options_weight": self.options_weight,
+            "options_center": self.options_center,
             "shape": {k: round(v, 6) for k, v in self.shape.items()},
             "weight_scale": scale,
             "hashes": base64.b64encode(hashes.tobytes()).decode(),
@@ -157,6 +170,8 @@ class NgramModel:
             about=dict(doc.get("about", {})),
             length_weight=float(doc.get("length_weight", 0.0)),
             length_center=float(doc.get("length_center", 0.0)),
+            options_weight=float(doc.get("options_weight", 0.0)),
+            options_center=float(doc.get("options_center", 0.0)),
         )
 
 
@@ -206,13 +221,14 @@ class Ngram(Classifier):
         return total / math.sqrt(2 * len(tokens) - 1)
 
     def text_logit(self, text: str) -> float:
-        """:meth:`ngram_logit` of ``text``'s words, remembered per message (a bounded dict)."""
+        """:meth:`ngram_logit` of ``text``'s words plus its answer options' term, remembered
+        per message (a bounded dict)."""
         texts = self._texts
         logit = texts.get(text)
         if logit is None:
             if len(texts) >= _TEXT_MEMO_LIMIT:
                 texts.clear()
-            logit = texts[text] = self.ngram_logit(words(text))
+            logit = texts[text] = self.ngram_logit(words(text)) + self.model.options_logit(text)
         return logit
 
     def strong_probability(self, features: Features) -> float:
@@ -239,5 +255,8 @@ class Ngram(Classifier):
             if weight * vector[name]:
                 parts[name] = weight * vector[name]
         parts["length"] = self.model.length_logit(features.last_user_chars)
+        options = self.model.options_logit(features.text)
+        if options:
+            parts["options alike"] = options
         ranked = sorted(parts.items(), key=lambda kv: -abs(kv[1]))
         return [("bias", self.model.bias), *ranked]

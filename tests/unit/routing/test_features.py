@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
-from gateway.routing.features import FEATURE_NAMES, extract
+from gateway.routing.features import FEATURE_NAMES, extract, options_similarity
 
 
 def chat(text: str, **extra: object) -> dict[str, object]:
@@ -118,3 +119,30 @@ def test_vector_is_normalized() -> None:
 def test_completions_prompt() -> None:
     f = extract({"model": "auto", "prompt": "Why is the sky blue?"})
     assert f.turns == 1 and f.reasoning_cues == 1 and f.questions == 1
+
+
+def test_options_similarity_reads_lettered_answer_options() -> None:
+    # MMLU's layout, "b)" and "(C)" styles; the largest Jaccard of two options' word sets.
+    same = "Pick one.\nA. the cat sat\nB. The cat, sat.\nC. a dog ran\nD. birds"
+    assert options_similarity(same) == 1.0  # case and punctuation do not count
+    assert options_similarity("Pick one.\na) red\nb) blue") == 0.0
+    abc = options_similarity("Q?\n(A) carbon dioxide gas\n(B) carbon monoxide gas\n(C) water")
+    assert abc == 2 / 4  # {carbon, gas} of {carbon, dioxide, monoxide, gas}
+    assert options_similarity("Q?\nA. 12 mg\nB. 15 mg") == 1 / 3  # numbers are words
+    # The last lettered list counts: a question quoting its own list first.
+    assert options_similarity("A. x y z\nB. x y z\nNow choose:\nA. red\nB. blue") == 0.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no options here",
+        "A. one line only",
+        "Q?\nA. only one option",
+        "Q?\nB. starts at B\nC. then C",  # not lettered from A
+        "Q?\nA. first\nC. skips B",
+        "A plan.\nAt 3 p.m. we meet.",  # words that start with a capital letter and a dot
+    ],
+)
+def test_text_without_a_lettered_list_of_options_has_none(text: str) -> None:
+    assert options_similarity(text) is None

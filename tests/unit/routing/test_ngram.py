@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from gateway.routing.classifiers.ngram import (
 )
 from gateway.routing.features import extract
 from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
+from gateway.routing.quality import threshold_for_share
 from gateway.routing.resolve import Router
 
 BASE = """
@@ -97,14 +100,43 @@ def test_length_term_is_centred() -> None:
     assert clf.strong_probability(_features("x " * 500)) > 0.5
 
 
+MCQ = "Which gas do plants take in?\nA. {a}\nB. {b}\nC. {c}\nD. {d}\nAnswer:"
+
+
+def test_alike_answer_options_lean_strong_and_text_without_options_is_untouched() -> None:
+    model = NgramModel(0.0, {}, {}, {}, options_weight=2.0, options_center=0.3)
+    clf = Ngram(model)
+    alike = _features(MCQ.format(a="carbon dioxide", b="carbon monoxide", c="carbon", d="dioxide"))
+    apart = _features(MCQ.format(a="oxygen", b="nitrogen", c="helium", d="water vapour"))
+    assert clf.strong_probability(alike) > 0.5 > clf.strong_probability(apart)
+    plain = _features("Which gas do plants take in?\nThey take in one gas.")
+    assert clf.strong_probability(plain) == 0.5
+    # route explain names the term
+    parts = dict(clf.explain(alike))
+    assert parts["options alike"] == pytest.approx(clf.text_logit(alike.text))
+    assert "options alike" not in dict(clf.explain(plain))
+
+
 def test_weights_file_round_trip(tmp_path: Path) -> None:
-    model = NgramModel(0.25, {"code_density": 0.5}, {1: 0.5, 2**32 - 1: -1.25}, {"examples": 3}, 0.5, 5.0)
+    model = NgramModel(
+        0.25, {"code_density": 0.5}, {1: 0.5, 2**32 - 1: -1.25}, {"examples": 3}, 0.5, 5.0, 2.0, 0.34
+    )
     path = tmp_path / "w.json"
     model.dump(path)
     back = NgramModel.load(path)
     assert back.bias == 0.25 and back.shape == {"code_density": 0.5} and back.about == {"examples": 3}
     assert back.table[1] == pytest.approx(0.5, abs=1e-4) and back.table[2**32 - 1] == pytest.approx(-1.25)
     assert (back.length_weight, back.length_center) == (0.5, 5.0)
+    assert (back.options_weight, back.options_center) == (2.0, 0.34)
+
+
+def test_a_weights_file_from_before_the_options_term_loads_without_it(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    NgramModel(0.0, {}, {1: 0.5}, {}).dump(path)
+    doc = json.loads(path.read_text())
+    del doc["options_weight"], doc["options_center"]
+    path.write_text(json.dumps(doc))
+    assert NgramModel.load(path).options_weight == 0.0
 
 
 def test_policy_selects_the_shipped_weights_or_a_file(tmp_path: Path) -> None:
@@ -161,6 +193,41 @@ def test_fit_learns_a_word_that_needs_the_strong_model() -> None:
     hard = [s for s, r in zip(scores, rows, strict=True) if r["weak"] == 0]
     easy = [s for s, r in zip(scores, rows, strict=True) if r["weak"] == 1]
     assert min(hard) > max(easy)
+
+
+LEVELS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+
+
+def test_the_options_term_reorders_questions_without_moving_the_calibrated_threshold() -> None:
+    # A word per level of difficulty (strong needed from "hotel" up), so the words alone
+    # spread the scores; 40 questions (half with alike options) and 60 requests without any.
+    texts, rows = [], []
+    for i in range(100):
+        level = LEVELS[i % 10]
+        if i < 40:
+            opts = ("red car", "red cab", "red cap", "blue") if i % 2 else ("oak", "sky", "fish", "iron")
+            texts.append(MCQ.format(a=opts[0], b=opts[1], c=opts[2], d=opts[3]).replace("gas", level))
+        else:
+            texts.append(f"Which {level} do plants take in? Tell me about it in a few words please.")
+        rows.append({"weak": 0 if i % 10 >= 7 else 1, "strong": 1})
+    features = [_features(t) for t in texts]
+    targets = [target(r) for r in rows]
+    options = FitOptions(steps=50, strong_share=0.3)
+    model = fit(features, targets, options)
+    without = fit(features, targets, replace(options, options_weight=0.0))
+    assert without.options_weight == 0.0 and model.options_weight == options.options_weight
+    assert 0.0 < model.options_center < 1.0
+
+    def at_threshold(m: NgramModel) -> tuple[float, int]:
+        scores = [Ngram(m).strong_probability(f) for f in features]
+        cut = threshold_for_share(scores, 0.3)
+        return cut, sum(s >= cut for s in scores[:40])
+
+    # The same threshold sends 30 % strong, and as many questions reach it, in another order.
+    (cut, questions), (cut_without, questions_without) = at_threshold(model), at_threshold(without)
+    assert cut == pytest.approx(cut_without, abs=0.02) and abs(questions - questions_without) <= 1
+    # no prompt lists options: no term
+    assert fit(features[40:], targets[40:], options).options_weight == 0.0
 
 
 def test_targets_and_folds() -> None:
