@@ -119,7 +119,8 @@ def body_of(tokens: int, tools: int = 0, choices: bool = False) -> dict[str, obj
     text = CODE
     while len(text) < tokens * 4:
         text += PROSE
-    text = text[: tokens * 4 - (len(CHOICES) if choices else 0)] + (CHOICES if choices else "")
+    tail = CHOICES if choices else ""
+    text = text[: tokens * 4 - len(tail)] + tail
     body: dict[str, object] = {
         "model": "auto",
         "messages": [

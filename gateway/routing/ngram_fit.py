@@ -145,16 +145,16 @@ def _options_center(
     from gateway.routing.classifiers.ngram import Ngram
 
     clf = Ngram(model)
-    p = np.clip([clf.strong_probability(f) for f in features], 1e-12, 1 - 1e-12)
-    cut = threshold_for_share(list(p), options.strong_share)
-    z = np.log(p / (1 - p))[list(listed)]
+    logits = [clf.logit(f) for f in features]
+    # The logistic function keeps the order, so the threshold's logit is the same quantile.
+    cut = threshold_for_share(logits, options.strong_share)
+    z = np.asarray(logits)[list(listed)]
     similarity = np.fromiter(listed.values(), dtype=float)
-    cut_z = math.log(cut / (1 - cut))
-    wanted = float(np.mean(z >= cut_z))
+    wanted = float(np.mean(z >= cut))
     low, high = 0.0, 1.0
     for _ in range(30):  # the share falls as the centre rises
         mid = (low + high) / 2
-        if np.mean(z + options.options_weight * (similarity - mid) >= cut_z) > wanted:
+        if np.mean(z + options.options_weight * (similarity - mid) >= cut) > wanted:
             low = mid
         else:
             high = mid

@@ -231,13 +231,17 @@ class Ngram(Classifier):
             logit = texts[text] = self.ngram_logit(words(text)) + self.model.options_logit(text)
         return logit
 
-    def strong_probability(self, features: Features) -> float:
+    def logit(self, features: Features) -> float:
+        """The score before the logistic function: the bias and every term."""
         model = self.model
         z = model.bias + self.text_logit(features.text) + model.length_logit(features.last_user_chars)
         if model.shape:
             vector = features.vector()
             z += sum(weight * vector[name] for name, weight in model.shape.items())
-        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+        return z
+
+    def strong_probability(self, features: Features) -> float:
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, self.logit(features)))))
 
     def explain(self, features: Features) -> list[tuple[str, float]]:
         """The bias, the shape features, then each word or pair's share of the logit (the
