@@ -277,6 +277,8 @@ def complete(shape: Structure, text_features: bool = True) -> Features:
 _OPTION = re.compile(r"\n[ \t]*\(?([A-Ja-j])[.)][ \t]+([^\n]*)")
 # An option's words: punctuation splits them (as UTF-8 bytes, a table lookup per byte).
 _PUNCTUATION = bytes.maketrans(string.punctuation.encode(), b" " * len(string.punctuation))
+# An option that is a number and nothing else: `12`, `-0.5`, `3/4`, `$1,200`, `25 %`.
+_BARE_NUMBER = re.compile(r"\s*[-+$]?\d[\d.,/]*\s*%?\s*")
 
 
 def options_similarity(text: str) -> float | None:
@@ -288,7 +290,10 @@ def options_similarity(text: str) -> float | None:
     Options that differ by a word or a number ask for a careful reading, which is where a
     strong model gains most over a weak one: on held-out subjects of the routing data this
     alone ranks MMLU's "strong needed" questions about as well as the fitted n-grams do
-    (docs/routing-quality.md)."""
+    (docs/routing-quality.md). Options that are bare numbers (`A. 4`, `B. 16`) differ by
+    nothing but the number, the extreme of that case, so they count as alike (1.0) although
+    no two share a word: inside almost every subject they need the strong model more often
+    than the subject's other questions do."""
     if "\n" not in text:
         return None
     options: list[str] = []
@@ -302,6 +307,8 @@ def options_similarity(text: str) -> float | None:
             options = []
     if len(options) < 2:
         return None
+    if all(_BARE_NUMBER.fullmatch(option) for option in options):
+        return 1.0
     sets = [
         set(option.lower().encode("utf-8", "surrogatepass").translate(_PUNCTUATION).split()) or {b""}
         for option in options
