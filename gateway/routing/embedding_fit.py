@@ -86,9 +86,7 @@ def knn_means(
 def _ngram_logits(ngram: Ngram, features: Sequence[Features]) -> np.ndarray:
     import numpy as np
 
-    from gateway.routing.classifiers.embedding import _logit
-
-    return np.asarray([_logit(ngram, f) for f in features])
+    return np.asarray([ngram.logit(f) for f in features])
 
 
 def fit_index(

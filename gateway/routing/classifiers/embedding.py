@@ -138,12 +138,6 @@ class EmbeddingIndex:
         return centred / norm if norm > 0 else centred
 
 
-def _logit(ngram: Ngram, features: Features) -> float:
-    """The ngram classifier's logit, from its probability (its logit is clamped to +-60)."""
-    p = min(max(ngram.strong_probability(features), 1e-26), 1.0 - 1e-16)
-    return math.log(p) - math.log1p(-p)
-
-
 @register(EmbeddingSettings)
 class Embedding(Classifier):
     """k nearest labelled prompts by cosine of static embeddings, combined with ngram or length."""
@@ -197,7 +191,7 @@ class Embedding(Classifier):
         knn_z = (knn - float(about["knn_mean"])) / (float(about["knn_std"]) or 1.0)
         if self.combine == "ngram" and self.ngram is not None:
             scale = float(about["ngram_scale"])
-            return {"neighbours": self.knn_weight * scale * knn_z, "ngram": _logit(self.ngram, features)}
+            return {"neighbours": self.knn_weight * scale * knn_z, "ngram": self.ngram.logit(features)}
         length_z = (math.log1p(features.last_user_chars) - float(about["length_mean"])) / (
             float(about["length_std"]) or 1.0
         )
