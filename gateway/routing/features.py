@@ -289,7 +289,7 @@ def options_similarity(text: str) -> float | None:
 
     Options that differ by a word or a number ask for a careful reading, which is where a
     strong model gains most over a weak one: on held-out subjects of the routing data this
-    alone ranks MMLU's "strong needed" questions about as well as the fitted n-grams do
+    alone ranks MMLU's "strong needed" questions better than the fitted n-grams do
     (docs/routing-quality.md). Options that are bare numbers (`A. 4`, `B. 16`) differ by
     nothing but the number, the extreme of that case, so they count as alike (1.0) although
     no two share a word: inside almost every subject they need the strong model more often

@@ -47,7 +47,7 @@ class FitOptions:
     options_weight: float = 2.0
     """The fixed logit per unit of answer-option similarity
     (:func:`~gateway.routing.features.options_similarity`): alike options lean strong
-    (chosen on the held-out folds: 1-4 all do, 2 best; text without options is not touched).
+    (chosen on the held-out folds: 1.5-4 all do, 2-3 best; text without options is not touched).
     Its centre is fitted (:func:`_options_center`)."""
     strong_share: float = 0.3
     """The share of the training prompts the policy's threshold is meant to send to strong;
