@@ -9,10 +9,12 @@
 # --full adds a second gateway with every feature on (shaping, routing through the classifier,
 # prices); the first then runs as a pass-through (shaping off, the model named directly), or,
 # with --full-minus FEATURE, as the full one without that feature (what it costs, side by side).
-# --peers adds Portkey's gateway (Node). --hold N holds N SSE streams open at once through
+# --floor adds the floor of a Python hop (bench/floor.py): the least a proxy does per request,
+# on aiohttp's server (`floor`) and on a bare asyncio Protocol (`floor-raw`), with the
+# gateway's own upstream client. --peers adds Portkey's gateway (Node). --hold N holds N SSE streams open at once through
 # every target (bench/hold.py) and reports completions, time to first byte and peak RSS.
 #
-# Usage: bash bench/overhead.sh [--litellm] [--peers] [--full] [--full-minus shaping|routing|prices]
+# Usage: bash bench/overhead.sh [--litellm] [--peers] [--floor] [--full] [--full-minus shaping|routing|prices]
 #                               [--workers N] [--duration S]
 #                               [--out FILE] [--warmup S] [--concurrency "1 16 64"]
 #                               [--stream-concurrency "16 64"] [--modes "nonstream stream"|none]
@@ -24,7 +26,8 @@
 # NGINX (default /usr/sbin/nginx), WRK (default wrk), PYTHON (runs report.py, default python3),
 # LITELLM_VENV (default bench/.litellm-venv), LITELLM_SPEC (default 'litellm[proxy]==1.108.7'),
 # PORTKEY_DIR (default bench/.portkey), NODE, NPM (default node, npm on PATH),
-# PY_SPY (for --profile; default: py-spy next to switchyard, else on PATH).
+# PY_SPY (for --profile; default: py-spy next to switchyard, else on PATH), HOLD_PYTHON (runs
+# bench/hold.py and bench/floor.py; default: the python next to switchyard).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,6 +35,7 @@ REPO_ROOT=$(dirname "$BENCH_DIR")
 
 USE_LITELLM=0
 USE_PEERS=0
+USE_FLOOR=0
 USE_FULL=0
 FULL_MINUS=""
 HOLD_STREAMS=0
@@ -66,6 +70,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --litellm) USE_LITELLM=1 ;;
     --peers) USE_PEERS=1 ;;
+    --floor) USE_FLOOR=1 ;;
     --full) USE_FULL=1 ;;
     --full-minus) FULL_MINUS=${2:?--full-minus needs shaping, routing or prices}; USE_FULL=1; shift ;;
     --hold) HOLD_STREAMS=${2:?--hold needs a number of streams}; shift ;;
@@ -164,11 +169,16 @@ if [[ $USE_PEERS == 1 ]]; then
   [[ -n $NODE && -x $NODE && -n $NPM && -x $NPM ]] ||
     die "--peers needs node (>= 18) and npm: apt-get install nodejs npm (or set NODE and NPM)"
 fi
-# The Python that runs bench/hold.py needs aiohttp: the gateway's own interpreter has it.
+# The Python that runs bench/hold.py needs aiohttp, and bench/floor.py the gateway itself:
+# the gateway's own interpreter has both.
 HOLD_PYTHON=${HOLD_PYTHON:-$(dirname "$SWITCHYARD")/python}
 if ((HOLD_STREAMS > 0)); then
   [[ -x $HOLD_PYTHON ]] && "$HOLD_PYTHON" -c 'import aiohttp' 2>/dev/null ||
     die "--hold needs a Python with aiohttp (the gateway's venv); set HOLD_PYTHON"
+fi
+if [[ $USE_FLOOR == 1 ]]; then
+  [[ -x $HOLD_PYTHON ]] && "$HOLD_PYTHON" -c 'import gateway, httptools, uvloop' 2>/dev/null ||
+    die "--floor needs the gateway's Python (its venv, with uvloop and httptools); set HOLD_PYTHON"
 fi
 # wrk at c=256 and --hold 1000 need thousands of sockets (client, gateway and upstream
 # sides): raise the soft limit on open files to the hard one for every process started here.
@@ -323,7 +333,7 @@ done
 
 # --- canned upstream ----------------------------------------------------------------------
 
-read -r JSON_PORT SSE_PORT GW_PORT LL_PORT FULL_PORT PK_PORT <<<"$(free_ports 6)"
+read -r JSON_PORT SSE_PORT GW_PORT LL_PORT FULL_PORT PK_PORT FLOOR_PORT RAW_PORT <<<"$(free_ports 8)"
 mkdir -p "$WORK/nginx/tmp"
 sed -e "s/@JSON_PORT@/$JSON_PORT/g" -e "s/@SSE_PORT@/$SSE_PORT/g" \
   "$BENCH_DIR/nginx/nginx.conf.template" >"$WORK/nginx/nginx.conf"
@@ -462,6 +472,29 @@ if [[ $KEY_MODE != none ]]; then
   log "virtual key ($KEY_MODE) created"
 fi
 
+# --- the floor of a Python hop (optional, --floor) -----------------------------------------
+
+FLOOR_PID=""
+RAW_PID=""
+# start_floor NAME SERVER PORT: bench/floor.py on the gateway's policy (the same upstreams);
+# sets START_PID.
+start_floor() {
+  local name=$1 server=$2 port=$3
+  start "$name" "$WORK/$name.log" "$HOLD_PYTHON" "$BENCH_DIR/floor.py" \
+    --policy "$WORK/policy.yaml" --port "$port" --server "$server"
+  if ! wait_http "http://127.0.0.1:$port/healthz" 30 "$START_PID"; then
+    tail -n 20 "$WORK/$name.log" >&2 || true
+    die "$name (bench/floor.py --server $server) did not start (log: $WORK/$name.log)"
+  fi
+  log "$name up on :$port"
+}
+if [[ $USE_FLOOR == 1 ]]; then
+  start_floor floor aiohttp "$FLOOR_PORT"
+  FLOOR_PID=$START_PID
+  start_floor floor-raw protocol "$RAW_PORT"
+  RAW_PID=$START_PID
+fi
+
 # --- Portkey (optional, --peers) ----------------------------------------------------------
 
 PORTKEY_STATUS="not requested"
@@ -592,6 +625,7 @@ fi
 
 TARGETS=(direct gateway)
 [[ -n $FULL_PID ]] && TARGETS+=(full)
+[[ -n $FLOOR_PID ]] && TARGETS+=(floor floor-raw)
 [[ -n $PK_PID ]] && TARGETS+=(portkey)
 [[ -n $LL_PID ]] && TARGETS+=(litellm)
 
@@ -607,6 +641,8 @@ target_url() {
     full:responses | full:resp-stream) echo "http://127.0.0.1:$FULL_PORT/v1/responses" ;;
     full:*) echo "http://127.0.0.1:$FULL_PORT/v1/chat/completions" ;;
     portkey:*) echo "http://127.0.0.1:$PK_PORT/v1/chat/completions" ;;
+    floor:*) echo "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" ;;
+    floor-raw:*) echo "http://127.0.0.1:$RAW_PORT/v1/chat/completions" ;;
     litellm:*) echo "http://127.0.0.1:$LL_PORT/v1/chat/completions" ;;
   esac
 }
@@ -632,6 +668,8 @@ target_pgid() {
     gateway) echo "$GW_PID" ;;
     full) echo "$FULL_PID" ;;
     portkey) echo "$PK_PID" ;;
+    floor) echo "$FLOOR_PID" ;;
+    floor-raw) echo "$RAW_PID" ;;
     litellm) echo "$LL_PID" ;;
   esac
 }
@@ -894,7 +932,7 @@ cat >"$WORK/meta.json" <<EOF
 {
   "timestamp_utc": "$STAMP",
   "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
-  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "full_minus": "$FULL_MINUS", "peers": $USE_PEERS, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "full_minus": "$FULL_MINUS", "peers": $USE_PEERS, "floor": $USE_FLOOR, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
   "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION", "portkey": "$PORTKEY_VERSION", "node": "$([[ -n $NODE ]] && "$NODE" --version 2>/dev/null)"},
   "machine_busy_before_pct": $BUSY_BEFORE,
   "load_average_before": "$LOAD_BEFORE",

@@ -155,7 +155,7 @@ def fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 
 COLUMNS = [
-    ("target", 8, "<"),
+    ("target", 9, "<"),
     ("mode", 11, "<"),
     ("conc", 4, ">"),
     ("req/s", 8, ">"),
@@ -277,13 +277,13 @@ def check_targets(rows: list[Run]) -> Checks:
     return checks
 
 
-def feature_costs(rows: list[Run]) -> list[str]:
-    """``--full-minus``: what the feature left out of ``gateway`` costs ``full``, per mode and
-    concurrency: the CPU per request of the two side by side (same rounds, medians)."""
+def cpu_above(rows: list[Run], target: str, below: str) -> list[str]:
+    """What ``target`` spends a request above ``below``, per mode and concurrency: the CPU per
+    request of the two side by side (same rounds, medians)."""
     return [
-        f"  {mode:11} c={conc:<3} {1000 * (full_ms - without_ms):+6.1f} us a request"
-        f" ({100 * (full_ms / without_ms - 1):+.1f} %): {without_ms:.3f} -> {full_ms:.3f} ms"
-        for mode, conc, full_ms, without_ms in cpu_pairs(runs_of(rows, "full"), runs_of(rows, "gateway"))
+        f"  {mode:11} c={conc:<3} {1000 * (mine_ms - base_ms):+6.1f} us a request"
+        f" ({100 * (mine_ms / base_ms - 1):+.1f} %): {base_ms:.3f} -> {mine_ms:.3f} ms"
+        for mode, conc, mine_ms, base_ms in cpu_pairs(runs_of(rows, target), runs_of(rows, below))
     ]
 
 
@@ -383,7 +383,7 @@ def summarize_hold(holds: list[Run]) -> list[Run]:
 
 
 HOLD_COLUMNS = [
-    ("target", 8, "<"),
+    ("target", 9, "<"),
     ("streams", 7, ">"),
     ("complete", 8, ">"),
     ("open peak", 9, ">"),
@@ -544,7 +544,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for san in sanity:
         if san["mode"] == "stream":
             print(
-                f"stream check {san['target']:8}: {san['bytes']} bytes, {san['sse_events']} data lines, "
+                f"stream check {san['target']:9}: {san['bytes']} bytes, {san['sse_events']} data lines, "
                 f"{san['usage_chunks']} usage chunk(s), complete={san['complete']}"
             )
     if hold_rows:
@@ -560,7 +560,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     if minus:
         print()
         print(f"What {minus} costs (full against gateway, which runs without it; CPU per request):")
-        print("\n".join(feature_costs(rows)))
+        print("\n".join(cpu_above(rows, "full", "gateway")))
+    if any(r["target"] == "floor" for r in rows):
+        print()
+        print("Above the floor (--floor; CPU per request, same rounds):")
+        for target, below, what in (
+            ("floor", "floor-raw", "aiohttp's server, over a bare asyncio Protocol"),
+            ("gateway", "floor", "the gateway's own work, over the least an aiohttp hop does"),
+            ("full", "floor", "full's own work, over the least an aiohttp hop does"),
+        ):
+            lines = cpu_above(rows, target, below)
+            if lines:
+                print(f" {target} - {below}: {what}")
+                print("\n".join(lines))
     print()
     print("Targets (set for one worker):" if s["workers"] != 1 else "Targets:")
     checks.show()
