@@ -78,6 +78,7 @@ class BareProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.body: list[bytes] = []
+        self.answering: asyncio.Task[None] | None = None  # held: the loop keeps only a weak one
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -101,7 +102,7 @@ class BareProtocol(asyncio.Protocol):
         if self.url == b"/healthz":
             self.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         else:
-            asyncio.get_running_loop().create_task(self.chat(raw))
+            self.answering = asyncio.get_running_loop().create_task(self.chat(raw))
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -120,7 +121,8 @@ class BareProtocol(asyncio.Protocol):
             return
         self.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
         async for chunk in answer.iter_chunks():
-            self.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            if chunk:  # an empty one would end the chunked body
+                self.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         answer.release()
         self.write(b"0\r\n\r\n")
 

@@ -11,8 +11,9 @@
 # with --full-minus FEATURE, as the full one without that feature (what it costs, side by side).
 # --floor adds the floor of a Python hop (bench/floor.py): the least a proxy does per request,
 # on aiohttp's server (`floor`) and on a bare asyncio Protocol (`floor-raw`), with the
-# gateway's own upstream client. --peers adds Portkey's gateway (Node). --hold N holds N SSE streams open at once through
-# every target (bench/hold.py) and reports completions, time to first byte and peak RSS.
+# gateway's own upstream client. --peers adds Portkey's gateway (Node). --hold N holds N SSE
+# streams open at once through every target (bench/hold.py) and reports completions, time to
+# first byte and peak RSS.
 #
 # Usage: bash bench/overhead.sh [--litellm] [--peers] [--floor] [--full] [--full-minus shaping|routing|prices]
 #                               [--workers N] [--duration S]
