@@ -54,10 +54,13 @@ def aiohttp_app(upstreams: Upstreams) -> web.Application:
             return web.Response(status=answer.status, body=data, headers={"Content-Type": content_type})
         out = web.StreamResponse(status=answer.status, headers={"Content-Type": content_type})
         await out.prepare(request)
-        async for chunk in answer.iter_chunks():
-            await out.write(chunk)
-        answer.release()
-        await out.write_eof()
+        try:
+            async for chunk in answer.iter_chunks():
+                await out.write(chunk)
+            answer.release()
+            await out.write_eof()
+        except ConnectionResetError:  # the client left (the SDKs close at `data: [DONE]`)
+            answer.close()
         return out
 
     async def healthz(request: web.Request) -> web.Response:
