@@ -40,7 +40,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.cachestats.cost import cost_usd
-from gateway.dialects.anthropic_response import openai_usage
+from gateway.dialects.anthropic.response import openai_usage
 from gateway.policy import Deployment, Price
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import CacheHints

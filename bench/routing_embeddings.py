@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from gateway.routing.ngram_fit import fold_of
-from gateway.routing.quality import report
+from gateway.routing.learn.ngram_fit import fold_of
+from gateway.routing.learn.quality import report
 
 SAMPLE_CHARS = 600
 

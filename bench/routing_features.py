@@ -62,8 +62,8 @@ WORDS = (PROSE + " prove the integral of x derive a recursive function for the t
 
 def generated_index(path: Path, size: int) -> None:
     """An index of ``size`` generated prompts with random labels, for timing only."""
-    from gateway.routing.embedding_fit import fit_index
     from gateway.routing.features import extract as features_of
+    from gateway.routing.learn.embedding_fit import fit_index
     from gateway.routing.static_embedder import load
 
     rng = random.Random(7)

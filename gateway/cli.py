@@ -16,7 +16,7 @@ import orjson
 from gateway.auth import cli as keys_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
-from gateway.routing import cli as routing_cli
+from gateway.routing.learn import cli as routing_cli
 from gateway.store import check_url as check_redis_url
 from gateway.tools import batch, bench
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from gateway.dialects.responses_policy import ResponsesPolicy
+from gateway.dialects.responses.policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch

@@ -1,7 +1,7 @@
 """``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API.
 
 The endpoint is a dialect, not a second pipeline: the body is translated to a chat
-completion at the edge (:mod:`gateway.dialects.anthropic_inbound`) and runs the same
+completion at the edge (:mod:`gateway.dialects.anthropic.inbound`) and runs the same
 stages as ``/v1/chat/completions`` (shaping, routing, limits, dispatch, cost, stats,
 metrics, traces; the context keeps ``/v1/messages`` as its endpoint label). An
 Anthropic deployment gets it back as a Messages request, with the client's
@@ -18,8 +18,8 @@ from aiohttp import web
 
 from gateway.api.protocol import ChatCompletionRequest
 from gateway.context import RequestContext
-from gateway.dialects.anthropic_inbound import estimate_tokens, to_chat_request, to_message
-from gateway.dialects.anthropic_sse import ChunksToEvents
+from gateway.dialects.anthropic.inbound import estimate_tokens, to_chat_request, to_message
+from gateway.dialects.anthropic.sse import ChunksToEvents
 from gateway.dispatch.dispatcher import OpenStream
 from gateway.dispatch.fanout import timeout_override
 from gateway.errors import ModelNotFoundError, SwitchyardError

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.context import RequestContext
-from gateway.dialects.anthropic_inbound import error_object
+from gateway.dialects.anthropic.inbound import error_object
 from gateway.errors import InvalidRequestError, SwitchyardError, UpstreamUnavailableError
 from gateway.http.state import DRAINING
 from gateway.telemetry import tracing

@@ -11,11 +11,11 @@ import structlog
 from aiohttp import web
 
 from gateway.context import RequestContext
-from gateway.dialects.responses_native import NativeResponsesScanner
-from gateway.dialects.responses_providers import ResponsesRequestState
-from gateway.dialects.responses_request import input_items, with_ids
-from gateway.dialects.responses_stream import ChatToResponsesScanner
-from gateway.dialects.responses_wire import ResponsesRequest
+from gateway.dialects.responses.native import NativeResponsesScanner
+from gateway.dialects.responses.providers import ResponsesRequestState
+from gateway.dialects.responses.request import input_items, with_ids
+from gateway.dialects.responses.stream import ChatToResponsesScanner
+from gateway.dialects.responses.wire import ResponsesRequest
 from gateway.dispatch.fanout import timeout_override
 from gateway.errors import InvalidRequestError, SwitchyardError
 from gateway.http.responses import json_response, read_json, route_headers

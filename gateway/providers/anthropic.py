@@ -1,9 +1,9 @@
 """Anthropic's dialect: the Messages API behind the gateway's chat completions.
 
 A chat-completions request is translated to a Messages request
-(:mod:`gateway.dialects.anthropic_request`), cache breakpoints are placed from shaping's
+(:mod:`gateway.dialects.anthropic.request`), cache breakpoints are placed from shaping's
 stable prefix (:mod:`gateway.shaping.breakpoints`), and the answer or its stream comes
-back as chat completions (:mod:`gateway.dialects.anthropic_response`). Auth is
+back as chat completions (:mod:`gateway.dialects.anthropic.response`). Auth is
 ``x-api-key`` from the deployment's ``api_key_env`` plus ``anthropic-version``; an HTTP 529
 ``overloaded_error`` is an overload: it reaches dispatch as a 503 (with Anthropic's body), so
 ``retries.retry_on``, circuits, spans and logs treat it as one without a row of its own.
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.dialects.anthropic_request import late_system_blocks, to_messages_request, unsupported
-from gateway.dialects.anthropic_response import MessagesStreamScanner, openai_error, to_chat_completion
+from gateway.dialects.anthropic.request import late_system_blocks, to_messages_request, unsupported
+from gateway.dialects.anthropic.response import MessagesStreamScanner, openai_error, to_chat_completion
 from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider

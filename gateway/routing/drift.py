@@ -28,7 +28,7 @@ import structlog
 
 from gateway.config import PolicyHolder
 from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
-from gateway.routing.quality import threshold_for_share
+from gateway.routing.thresholds import threshold_for_share
 
 if TYPE_CHECKING:
     from gateway.telemetry.record import FinishedRequest

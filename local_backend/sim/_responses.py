@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.dialects.responses_answer import from_chat
-from gateway.dialects.responses_request import to_chat
-from gateway.dialects.responses_stream import ChatToResponsesScanner
+from gateway.dialects.responses.answer import from_chat
+from gateway.dialects.responses.request import to_chat
+from gateway.dialects.responses.stream import ChatToResponsesScanner
 from gateway.errors import SwitchyardError
 from gateway.prompt_render import render_chat
 from gateway.providers.sse import StreamScanner

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.dialects.anthropic_inbound import error_object, to_chat_request, to_message
-from gateway.dialects.anthropic_sse import ChunksToEvents
+from gateway.dialects.anthropic.inbound import error_object, to_chat_request, to_message
+from gateway.dialects.anthropic.sse import ChunksToEvents
 from gateway.errors import InvalidRequestError, ModelNotFoundError, UpstreamUnavailableError
 
 

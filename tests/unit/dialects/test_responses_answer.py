@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 from openai.types.responses import Response
 
-from gateway.dialects.responses_answer import from_chat
-from gateway.dialects.responses_native import NativeResponsesScanner
-from gateway.dialects.responses_stream import ChatToResponsesScanner
-from gateway.dialects.responses_wire import chat_usage, responses_usage
+from gateway.dialects.responses.answer import from_chat
+from gateway.dialects.responses.native import NativeResponsesScanner
+from gateway.dialects.responses.stream import ChatToResponsesScanner
+from gateway.dialects.responses.wire import chat_usage, responses_usage
 from gateway.errors import UpstreamError
 from gateway.providers.sse import StreamScanner
 

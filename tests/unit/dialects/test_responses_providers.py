@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.config import parse_policy
-from gateway.dialects.responses_providers import ResponsesRequestState, responses_api
+from gateway.dialects.responses.providers import ResponsesRequestState, responses_api
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockRequest, MockResponse, MockTransport
 from gateway.providers.openai import OpenAIProvider

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.api.protocol import validate
-from gateway.dialects.responses_request import input_items, to_chat, with_ids
-from gateway.dialects.responses_wire import ResponsesRequest
+from gateway.dialects.responses.request import input_items, to_chat, with_ids
+from gateway.dialects.responses.wire import ResponsesRequest
 from gateway.errors import InvalidRequestError
 
 

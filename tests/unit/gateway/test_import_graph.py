@@ -74,3 +74,25 @@ def test_no_import_circles() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        node = todo.pop()
+        for other in graph.get(node, ()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_the_request_path_never_imports_the_routing_learning_loop() -> None:
+    """What a served request can import (from the app's wiring module down) holds nothing of
+    ``gateway.routing.learn``: fitting, evaluation and judging stay offline."""
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    served = _reachable(graph, "gateway.http.app") | {"gateway.http.app"}
+    assert "gateway.routing.resolve" in served
+    assert sorted(m for m in served if m.startswith("gateway.routing.learn")) == []

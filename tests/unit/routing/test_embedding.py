@@ -59,7 +59,7 @@ def _features(text: str):  # type: ignore[no-untyped-def]
 
 
 def _index(rows: list[dict[str, Any]], **options: Any):  # type: ignore[no-untyped-def]
-    from gateway.routing.embedding_fit import IndexOptions, fit_index
+    from gateway.routing.learn.embedding_fit import IndexOptions, fit_index
     from gateway.routing.static_embedder import load
 
     features = [_features(row["prompt"]) for row in rows]

@@ -22,9 +22,9 @@ from gateway.routing.classifiers.ngram import (
     words,
 )
 from gateway.routing.features import extract
-from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
-from gateway.routing.quality import threshold_for_share
+from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores, fit, fold_of, target
 from gateway.routing.resolve import Router
+from gateway.routing.thresholds import threshold_for_share
 
 BASE = """
 deployments:

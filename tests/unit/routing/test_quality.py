@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from gateway.routing.quality import apgr, cpt, curve, quantile_thresholds, report, threshold_for_share
+from gateway.routing.learn.quality import apgr, cpt, curve, quantile_thresholds, report
+from gateway.routing.thresholds import threshold_for_share
 
 # Four prompts: the weak model gets the last two right, the strong one all four, so the
 # quality gap is 2 of 4 and the first two prompts are the ones that need the strong model.

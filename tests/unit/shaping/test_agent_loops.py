@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.config import PolicyError, PolicySnapshot, parse_policy
-from gateway.dialects.anthropic_request import split_messages
+from gateway.dialects.anthropic.request import split_messages
 from gateway.shaping.check import semantic_changes
 from gateway.shaping.placement import Placements
 from gateway.shaping.policy import ShapingPolicy

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.dialects.responses_wire import new_id
+from gateway.dialects.responses.wire import new_id
 from gateway.errors import InvalidRequestError
 
 # Responses fields the translation consumes or that only mean something to the gateway;

@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.dialects.responses_answer import from_chat
-from gateway.dialects.responses_native import NativeResponsesScanner
-from gateway.dialects.responses_request import input_items, to_chat
-from gateway.dialects.responses_stream import ChatToResponsesScanner
-from gateway.dialects.responses_wire import chat_usage
+from gateway.dialects.responses.answer import from_chat
+from gateway.dialects.responses.native import NativeResponsesScanner
+from gateway.dialects.responses.request import input_items, to_chat
+from gateway.dialects.responses.stream import ChatToResponsesScanner
+from gateway.dialects.responses.wire import chat_usage
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, Scanner
 from gateway.providers.openai import check_answer
 from gateway.providers.transport import TransportResponse

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.dialects.responses_wire import new_id, responses_usage
+from gateway.dialects.responses.wire import new_id, responses_usage
 
 
 def response_shell(

@@ -37,7 +37,7 @@ from gateway.dispatch.attempt import attempt_once
 from gateway.errors import SwitchyardError
 from gateway.policy import Policy
 from gateway.providers.pool import UpstreamPool
-from gateway.routing.datafiles import policy_from
+from gateway.routing.learn.datafiles import policy_from
 from gateway.routing.loop_policy import Judge
 from gateway.routing.shadow import read_pairs
 from gateway.store import connect

@@ -133,13 +133,3 @@ def table_rows(points: Sequence[CurvePoint], rows: int = 11) -> list[CurvePoint]
         if not picked or best is not picked[-1]:
             picked.append(best)
     return picked
-
-
-def threshold_for_share(scores: list[float], share: float) -> float:
-    """The threshold that sends ``share`` of these scores to the strong tier (RouteLLM's
-    calibration: the (1 - share) quantile)."""
-    ordered = sorted(scores)
-    if share <= 0:
-        return 1.0
-    k = max(0, min(len(ordered) - 1, round(len(ordered) * (1 - share))))
-    return ordered[k]

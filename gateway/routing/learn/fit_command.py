@@ -7,7 +7,7 @@ scored by a model fitted on the others, and the quality report (``route eval``'s
 CPT, per ``bench``) is printed for those out-of-fold scores. Then one model is fitted on
 every row and written to ``--out``, with the routing block that uses it and the threshold
 that sends ``--strong-share`` of these prompts to the strong tier. The embedding index is
-built the same way (:mod:`gateway.routing.embedding_fit`).
+built the same way (:mod:`gateway.routing.learn.embedding_fit`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import yaml
 
 from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram
-from gateway.routing.datafiles import body_of, has_quality
-from gateway.routing.evaluate import plot_quality, print_quality, quality_by_bench
 from gateway.routing.features import extract
-from gateway.routing.ngram_fit import FitOptions, cross_validated_scores, fit, target
-from gateway.routing.quality import threshold_for_share
+from gateway.routing.learn.datafiles import body_of, has_quality
+from gateway.routing.learn.evaluate import plot_quality, print_quality, quality_by_bench
+from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores, fit, target
+from gateway.routing.thresholds import threshold_for_share
 
 
 def register_fit_options(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
 def cmd_fit_embedding(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     """Report held-out quality, index every row, write the index."""
     from gateway.routing.classifiers.embedding import Embedding
-    from gateway.routing.embedding_fit import IndexOptions, cross_validated_scores, fit_index
+    from gateway.routing.learn.embedding_fit import IndexOptions, cross_validated_scores, fit_index
     from gateway.routing.static_embedder import EmbeddingUnavailable, load
 
     _check_rows(rows)

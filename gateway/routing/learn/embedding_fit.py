@@ -1,12 +1,12 @@
 """Building the ``embedding`` classifier's index, and its held-out scores (numpy, imported here).
 
 The index is every labelled prompt's embedding (centred on their mean, unit length), its
-target (:func:`gateway.routing.ngram_fit.target`) and a short reference. The constants the
+target (:func:`gateway.routing.learn.ngram_fit.target`) and a short reference. The constants the
 classifier needs to put the neighbours' vote on a common scale are measured on the index
 itself: the mean and spread of the neighbours' mean gain with each prompt left out of its
 own vote (on up to ``stat_sample`` prompts), of the log length, and of the ngram logit.
 
-Held-out scores use the folds of :func:`gateway.routing.ngram_fit.fold_of` (whole domains
+Held-out scores use the folds of :func:`gateway.routing.learn.ngram_fit.fold_of` (whole domains
 out): each fold's neighbours come from the other folds only, and with ``combine: ngram``
 the ngram classifier is refitted without the fold too, so no number is in-sample.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.routing.classifiers.embedding import Combine, Embedding, EmbeddingIndex
 from gateway.routing.features import Features
-from gateway.routing.ngram_fit import FitOptions, fold_of, target
+from gateway.routing.learn.ngram_fit import FitOptions, fold_of, target
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,7 +147,7 @@ def cross_validated_scores(
     z-scores use the out-of-fold scores' own mean and spread."""
     import numpy as np
 
-    from gateway.routing.ngram_fit import cross_validated_scores as ngram_scores
+    from gateway.routing.learn.ngram_fit import cross_validated_scores as ngram_scores
 
     raw = embedder.embed_many([f.text for f in features])
     gains = np.asarray([target(row) for row in rows], dtype=np.float32)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.policy import Policy
-from gateway.routing.datafiles import body_of, has_quality, labels, load_rows, policy_from
 from gateway.routing.features import extract
-from gateway.routing.quality import QualityReport, quantile_thresholds, report, table_rows
+from gateway.routing.learn.datafiles import body_of, has_quality, labels, load_rows, policy_from
+from gateway.routing.learn.quality import QualityReport, quantile_thresholds, report, table_rows
 from gateway.routing.resolve import Router, order_tier
 
 
@@ -161,8 +161,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     name = policy.routing.classifier.name if policy.routing.classifier else "?"
     if args.folds > 1 and name == "embedding":
         from gateway.routing.classifiers.embedding import Embedding
-        from gateway.routing.embedding_fit import cross_validated_scores as embedding_scores
-        from gateway.routing.embedding_fit import options_of
+        from gateway.routing.learn.embedding_fit import cross_validated_scores as embedding_scores
+        from gateway.routing.learn.embedding_fit import options_of
 
         assert isinstance(clf, Embedding)
         options = options_of(clf)
@@ -176,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise SystemExit(
                 "--folds refits the ngram classifier (or re-indexes an embedding one): the policy has neither"
             )
-        from gateway.routing.ngram_fit import FitOptions, cross_validated_scores
+        from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores
 
         scores = cross_validated_scores(rows, features, args.folds, FitOptions())
         print(f"classifier: ngram refitted on {args.folds} held-out folds (by domain, else by id)")

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects.anthropic_inbound import FINISH_TO_STOP, anthropic_usage
+from gateway.dialects.anthropic.inbound import FINISH_TO_STOP, anthropic_usage
 from gateway.providers.sse import complete_events, event_data
 
 

@@ -1,7 +1,7 @@
 """``switchyard route explain | fit | calibrate | eval | judge``: read, fit and check a routing policy.
 
-``eval`` lives in :mod:`gateway.routing.evaluate`, the ``ngram`` fit in
-:mod:`gateway.routing.fit_command`, ``judge`` in :mod:`gateway.routing.judge`; this module
+``eval`` lives in :mod:`gateway.routing.learn.evaluate`, the ``ngram`` fit in
+:mod:`gateway.routing.learn.fit_command`, ``judge`` in :mod:`gateway.routing.learn.judge`; this module
 registers them all.
 """
 
@@ -17,14 +17,14 @@ import yaml
 
 from gateway.policy import Policy
 from gateway.routing.classifiers.linear import Linear, fit
-from gateway.routing.datafiles import body_of, has_quality, load_rows, policy_from
-from gateway.routing.datafiles import labels as _labels
-from gateway.routing.evaluate import register_eval
 from gateway.routing.features import FEATURE_NAMES, extract
-from gateway.routing.fit_command import cmd_fit_embedding, cmd_fit_ngram, register_fit_options
-from gateway.routing.judge import register_judge
-from gateway.routing.quality import threshold_for_share
+from gateway.routing.learn.datafiles import body_of, has_quality, load_rows, policy_from
+from gateway.routing.learn.datafiles import labels as _labels
+from gateway.routing.learn.evaluate import register_eval
+from gateway.routing.learn.fit_command import cmd_fit_embedding, cmd_fit_ngram, register_fit_options
+from gateway.routing.learn.judge import register_judge
 from gateway.routing.resolve import Router
+from gateway.routing.thresholds import threshold_for_share
 
 
 def _matrix(rows: list[dict[str, Any]]) -> list[list[float]]:

@@ -15,14 +15,14 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects.responses_answer import (
+from gateway.dialects.responses.answer import (
     finish_status,
     function_call_item,
     message_item,
     reasoning_item,
     response_shell,
 )
-from gateway.dialects.responses_wire import new_id, responses_usage
+from gateway.dialects.responses.wire import new_id, responses_usage
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Scanner
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.routing.classifiers.ngram import NgramModel, key_hash, keys, words
 from gateway.routing.features import Features, options_similarity
-from gateway.routing.quality import threshold_for_share
+from gateway.routing.thresholds import threshold_for_share
 
 if TYPE_CHECKING:
     import numpy as np

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects.responses_stream import sse_event
-from gateway.dialects.responses_wire import chat_usage
+from gateway.dialects.responses.stream import sse_event
+from gateway.dialects.responses.wire import chat_usage
 from gateway.errors import SwitchyardError
 
 _TERMINAL = (b"response.completed", b"response.incomplete", b"response.failed")
