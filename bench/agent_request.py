@@ -26,7 +26,7 @@ from routing_features import tool_of
 from shaping import agent_system_prompt
 
 from gateway.api.protocol import ChatCompletionRequest, check_limits, validate
-from gateway.cachestats.prefix import checkpoints
+from gateway.cachestats.chain import checkpoints
 from gateway.config import parse_policy
 from gateway.routing.resolve import Router
 from gateway.shaping.policy import ShapingPolicy

@@ -525,7 +525,7 @@ def shaping_cost(
     user message; every request ends with a new user message."""
     from redis.asyncio import Redis
 
-    from gateway.cachestats.prefix import checkpoints
+    from gateway.cachestats.chain import checkpoints
     from gateway.shaping.policy import ShapingPolicy
     from gateway.shaping.shaper import PolicyShaper
     from gateway.shaping.stability import StabilityModel

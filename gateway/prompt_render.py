@@ -1,7 +1,7 @@
 """How a chat request body is flattened to prompt bytes, as a chat template would render it.
 
 This is the contract prefix-cache accounting rests on: the gateway hashes these bytes
-into checkpoints (:mod:`gateway.cachestats.prefix`) and the simulator (the upstream of
+into checkpoints (:mod:`gateway.cachestats.chain`) and the simulator (the upstream of
 the tests and benchmarks) counts tokens and cache blocks over the very same bytes, so
 the gateway's expected hits and the simulator's reported ``cached_tokens`` agree.
 

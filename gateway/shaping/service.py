@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes, checkpoints
+from gateway.cachestats.chain import checkpoints
+from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequestError
 from gateway.shaping.stability import StabilityModel

@@ -15,7 +15,8 @@ What a launch *is* belongs to the gateway, which validates it in a policy: the s
 
 from local_backend.vllm._cli import register_cli
 from local_backend.vllm._launch_file import load_launch_file
-from local_backend.vllm._supervisor import Replica, ReplicaState, Supervisor, SupervisorThread
+from local_backend.vllm._replica import Replica, ReplicaState
+from local_backend.vllm._supervisor import Supervisor, SupervisorThread
 
 __all__ = [
     "Replica",

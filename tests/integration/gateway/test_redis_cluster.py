@@ -17,7 +17,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from gateway.cachestats import Accounting
-from gateway.cachestats.prefix import CHECKPOINT_TOKENS, expect_shared
+from gateway.cachestats.chain import CHECKPOINT_TOKENS
+from gateway.cachestats.prefix import expect_shared
 from gateway.config import PolicySnapshot, parse_policy
 from gateway.context import RequestContext
 from gateway.procutil import free_port

@@ -6,13 +6,8 @@ import asyncio
 
 import redis
 
-from gateway.cachestats.prefix import (
-    CHECKPOINT_TOKENS,
-    FINE_BYTES,
-    Geometries,
-    PrefixChain,
-    expect_shared,
-)
+from gateway.cachestats.chain import CHECKPOINT_TOKENS, FINE_BYTES, PrefixChain
+from gateway.cachestats.prefix import Geometries, expect_shared
 from gateway.store import connect
 
 

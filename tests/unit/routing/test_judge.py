@@ -101,9 +101,7 @@ tiers: {fast: [a], strong: [a]}
 def test_the_judge_must_be_a_deployment_of_the_policy() -> None:
     with pytest.raises(PolicyError) as info:
         parse_policy(BASE + "routing:\n  judge: {deployment: nope}\n", "p")
-    assert "routing.judge.deployment" in str(info.value) and "unknown deployment 'nope'" in str(
-        info.value
-    )
+    assert "routing.judge.deployment" in str(info.value) and "unknown deployment 'nope'" in str(info.value)
 
 
 def test_escalations_need_no_judge_but_shadow_pairs_do(

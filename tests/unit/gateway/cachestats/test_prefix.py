@@ -8,17 +8,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cachestats.prefix import (
+from gateway.cachestats.chain import (
     CHECKPOINT_BYTES,
     CHECKPOINT_TOKENS,
     FINE_BYTES,
-    Geometries,
-    LocalPrefixes,
     _chain,
     _common_steps,
     _Recent,
     checkpoints,
 )
+from gateway.cachestats.prefix import Geometries, LocalPrefixes
 
 SYSTEM = "You answer questions about the Switchyard gateway. " * 60  # ~3,000 bytes
 

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from local_backend.vllm._supervisor import _exited
+from local_backend.vllm._replica import _exited
 
 
 async def kill_and_detect(reaped_first: bool) -> tuple[int, float]:
