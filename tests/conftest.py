@@ -18,10 +18,20 @@ def redis_url() -> Iterator[str]:
     redis-server child. Tests share it; each gateway fixture flushes it first."""
     url = os.environ.get("SWITCHYARD_TEST_REDIS_URL")
     if url:
-        yield url
+        yield _worker_db(url)
         return
     with EmbeddedRedis() as server:
         yield server.url
+
+
+def _worker_db(url: str) -> str:
+    """Under pytest-xdist each worker flushes its own database of the shared server (gw0 -> 1,
+    gw1 -> 2, ...), so one worker's flush never empties another's keys."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+    return f"{base}/{1 + int(worker[2:]) % 15}"
 
 
 @pytest.fixture(scope="module")

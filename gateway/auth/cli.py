@@ -20,7 +20,8 @@ import orjson
 from gateway.auth.keys import KeyStore, validate_new_key
 from gateway.auth.limits import Limiter
 from gateway.errors import SwitchyardError
-from gateway.store import connect
+from gateway.store import connect, display_url
+from gateway.store.gate import REDIS_FAULTS
 from gateway.store.writer import StatsWriter
 
 
@@ -74,8 +75,12 @@ def _run(
     except SwitchyardError as exc:
         print(f"switchyard keys: {exc.message}", file=sys.stderr)
         return 2
-    except (OSError, ConnectionError) as exc:
-        print(f"switchyard keys: cannot reach Redis at the given URL: {exc}", file=sys.stderr)
+    except REDIS_FAULTS as exc:
+        print(
+            f"switchyard keys: cannot reach Redis at {display_url(url)} ({type(exc).__name__}): "
+            "check REDIS_URL / --redis-url and that the server is running",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from gateway.routing.learn.fit_command import cmd_fit_embedding, cmd_fit_ngram, 
 from gateway.routing.learn.judge import register_judge
 from gateway.routing.resolve import Router
 from gateway.routing.thresholds import threshold_for_share
+from gateway.store.gate import REDIS_FAULTS
 
 
 def _matrix(rows: list[dict[str, Any]]) -> list[list[float]]:
@@ -175,3 +177,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     register_eval(rsub, policy_help)
     register_judge(rsub, policy_help)
+    for command in rsub.choices.values():
+        command.set_defaults(func=_one_line_errors(command.get_default("func")))
+
+
+def _one_line_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A missing file or an unreachable Redis ends a ``route`` command with one line, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            raise SystemExit(
+                f"switchyard route {args.route_command}: {exc.filename}: {exc.strerror}"
+            ) from None
+        except REDIS_FAULTS as exc:
+            raise SystemExit(
+                f"switchyard route {args.route_command}: cannot reach Redis ({type(exc).__name__}: {exc}); "
+                "check REDIS_URL / --redis-url"
+            ) from None
+
+    return run

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.routing.classifiers.embedding import Combine, Embedding, EmbeddingIndex
 from gateway.routing.features import Features
-from gateway.routing.learn.ngram_fit import FitOptions, fold_of, target
+from gateway.routing.learn.ngram_fit import FitOptions, fold_of, progress, target
 
 if TYPE_CHECKING:
     import numpy as np
@@ -101,6 +101,7 @@ def fit_index(
 
     if len(rows) < 2:
         raise ValueError("an index needs at least two prompts")
+    progress(f"embedding {len(features)} prompts")
     raw = embedder.embed_many([f.text for f in features])
     mean = raw.mean(axis=0)
     vectors = _unit(raw - mean).astype(np.float32)
@@ -149,6 +150,7 @@ def cross_validated_scores(
 
     from gateway.routing.learn.ngram_fit import cross_validated_scores as ngram_scores
 
+    progress(f"embedding {len(features)} prompts")
     raw = embedder.embed_many([f.text for f in features])
     gains = np.asarray([target(row) for row in rows], dtype=np.float32)
     fold = np.asarray([fold_of(row, folds) for row in rows])

@@ -18,6 +18,7 @@ from typing import Any
 from gateway.policy import Policy
 from gateway.routing.features import extract
 from gateway.routing.learn.datafiles import body_of, has_quality, labels, load_rows, policy_from
+from gateway.routing.learn.ngram_fit import progress
 from gateway.routing.learn.quality import QualityReport, quantile_thresholds, report, table_rows
 from gateway.routing.resolve import Router, order_tier
 
@@ -47,6 +48,16 @@ def print_quality(name: str, found: QualityReport, threshold: float | None = Non
     for p in table_rows(found.curve):
         shown = "     (none)" if p.threshold == float("inf") else f"{p.threshold:11.4f}"
         print(f"  {shown}  {p.strong_share:12.1%}  {p.quality:7.3f}  {p.pgr:5.3f}")
+
+
+def require_plot(path: str | None) -> None:
+    """Refuse ``--plot`` up front, before a long run, when matplotlib is not installed."""
+    if not path:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'switchyard[plot]'") from None
 
 
 def plot_lines(lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], ylabel: str, path: str) -> None:
@@ -148,6 +159,7 @@ def _agreement(args: argparse.Namespace, policy: Policy, rows: list[dict[str, An
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``route eval``: quality per strong call, or plain agreement for label-only files."""
+    require_plot(args.plot)
     policy = policy_from(args.policy)
     rows = load_rows(args.labeled)
     if not has_quality(rows):
@@ -157,6 +169,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if router.classifier is None:
         raise SystemExit("the policy has no routing.classifier to evaluate")
     clf = router.classifier
+    progress(f"reading the features of {len(rows)} prompts")
     features = [extract(body_of(row)) for row in rows]
     name = policy.routing.classifier.name if policy.routing.classifier else "?"
     if args.folds > 1 and name == "embedding":

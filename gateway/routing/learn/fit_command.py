@@ -23,8 +23,8 @@ import yaml
 from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram
 from gateway.routing.features import extract
 from gateway.routing.learn.datafiles import body_of, has_quality
-from gateway.routing.learn.evaluate import plot_quality, print_quality, quality_by_bench
-from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores, fit, target
+from gateway.routing.learn.evaluate import plot_quality, print_quality, quality_by_bench, require_plot
+from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores, fit, progress, target
 from gateway.routing.thresholds import threshold_for_share
 
 
@@ -71,13 +71,16 @@ def _print_block(block: dict[str, Any], threshold: float, share: float) -> None:
 
 def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     """Report held-out quality, fit on everything, write the weights."""
+    require_plot(args.plot)
     _check_rows(rows)
     options = FitOptions(strong_share=args.strong_share)
     if args.l2 is not None:
         options = replace(options, l2=args.l2)
+    progress(f"reading the features of {len(rows)} prompts")
     features = [extract(body_of(row)) for row in rows]
     if args.folds > 1 and has_quality(rows):
         _held_out(args, rows, cross_validated_scores(rows, features, args.folds, options))
+    progress(f"fitting on all {len(rows)} prompts")
     model = fit(features, [target(row) for row in rows], options)
     out = Path(args.out) if args.out else Path("ngram_weights.json")
     model.dump(out)
@@ -98,6 +101,7 @@ def cmd_fit_embedding(args: argparse.Namespace, rows: list[dict[str, Any]]) -> i
     from gateway.routing.learn.embedding_fit import IndexOptions, cross_validated_scores, fit_index
     from gateway.routing.static_embedder import EmbeddingUnavailable, load
 
+    require_plot(args.plot)
     _check_rows(rows)
     if args.neighbours < 1:
         raise SystemExit("--neighbours is at least 1")

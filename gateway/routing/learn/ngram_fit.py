@@ -11,6 +11,7 @@ terms ride on top, each with a fixed weight.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -179,6 +180,11 @@ def fold_of(row: dict[str, Any], folds: int) -> int:
     return zlib.crc32(str(group).encode()) % folds
 
 
+def progress(message: str) -> None:
+    """One line on stderr while a long fit or evaluation runs (stdout keeps the results)."""
+    print(f"  .. {message}", file=sys.stderr, flush=True)
+
+
 def cross_validated_scores(
     rows: Sequence[dict[str, Any]],
     features: Sequence[Features],
@@ -192,6 +198,7 @@ def cross_validated_scores(
     targets = [target(row) for row in rows]
     scores = [0.0] * len(rows)
     for k in range(folds):
+        progress(f"fitting fold {k + 1} of {folds} ({len(rows)} rows)")
         train = [i for i in range(len(rows)) if fold[i] != k]
         model = fit([features[i] for i in train], [targets[i] for i in train], options)
         clf = Ngram(model)

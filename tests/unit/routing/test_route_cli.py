@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from gateway.cli import main
 from gateway.config import parse_policy
+from gateway.procutil import free_port
 from gateway.routing.resolve import Router
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -168,3 +170,54 @@ def test_eval_on_held_out_folds_refits_the_ngram_classifier(
     with pytest.raises(SystemExit) as info:
         main(["route", "eval", str(data), "--policy", str(policy_file), "--folds", "3"])
     assert "refits the ngram classifier" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["route", "eval", "{missing}"],
+        ["route", "fit", "{missing}"],
+        ["route", "explain", "{missing}"],
+        ["route", "calibrate", "{missing}", "--strong-share", "0.3"],
+        ["route", "judge", "--pairs", "{missing}"],
+    ],
+)
+def test_a_missing_file_is_one_line_naming_it(argv: list[str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(SystemExit) as info:
+        main([a.replace("{missing}", missing) for a in argv])
+    message = str(info.value)
+    assert message == f"switchyard route {argv[1]}: {missing}: No such file or directory"
+
+
+def test_an_unreachable_redis_is_one_line() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["route", "judge", "--redis-url", f"redis://127.0.0.1:{free_port()}/0"])
+    message = str(info.value)
+    assert message.startswith("switchyard route judge: cannot reach Redis") and "\n" not in message
+
+
+def test_plot_without_matplotlib_names_the_extra_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    for command in (["eval"], ["fit", "--classifier", "ngram"]):
+        with pytest.raises(SystemExit) as info:
+            main(["route", *command, str(LABELED), "--plot", str(tmp_path / "q.png")])
+        assert "pip install 'switchyard[plot]'" in str(info.value)
+    assert not (tmp_path / "q.png").exists()
+
+
+def test_a_long_fit_shows_its_progress_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = tmp_path / "graded.jsonl"
+    with rows.open("w") as out:
+        for i in range(40):
+            hard = i % 3 == 0
+            prompt = ("Prove the theorem step by step " if hard else "Say hi ") + str(i)
+            out.write(
+                json.dumps({"id": str(i), "prompt": prompt, "weak": 0 if hard else 1, "strong": 1}) + "\n"
+            )
+    assert main(["route", "fit", str(rows), "--classifier", "ngram", "--folds", "2",
+                 "--out", str(tmp_path / "w.json")]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "fitting fold 1 of 2" in err and "fitting fold 2 of 2" in err and "fitting on all 40" in err
