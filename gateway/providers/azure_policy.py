@@ -28,7 +28,8 @@ class AzureSettings(StrictModel):
     deployment: str | None = Field(
         None,
         min_length=1,
-        description="The Azure deployment name in the path (api: deployments); default: the deployment's model.",
+        description="The Azure deployment name in the path (api: deployments); "
+        "default: the deployment's model.",
     )
     api_version: str | None = Field(
         None,
