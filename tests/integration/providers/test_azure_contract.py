@@ -51,13 +51,14 @@ deployments:
     base_url: "{azure.url}"
     model: gpt-4o
     azure: {{api: deployments, deployment: my-gpt4o, api_version: "2024-10-21", token_env: AZ_TEST_TOKEN}}
+  az-bad-key: {{provider: azure, base_url: "{azure.url}", model: gpt-4o-mini, api_key_env: AZ_BAD_KEY}}
 tiers: {{fast: [az-v1], strong: [az-dep]}}
 """
     gw = GatewayProcess(
         policy,
         redis_url=redis_url,
         workdir=tmp_path_factory.mktemp("azure-gw"),
-        env={"AZ_TEST_KEY": KEY, "AZ_TEST_TOKEN": TOKEN},
+        env={"AZ_TEST_KEY": KEY, "AZ_TEST_TOKEN": TOKEN, "AZ_BAD_KEY": "not-the-key"},
     )
     gw.start()
     try:
@@ -176,6 +177,23 @@ def test_prompt_filter_is_a_clear_400_not_retried(client: openai.OpenAI, azure: 
     assert body["innererror"]["content_filter_result"]["violence"]["filtered"] is True
     assert error.response.headers.get("x-should-retry") == "false"
     assert len(azure.requests) == before + 1
+    # Refused prompts are the client's, not the deployment's: its circuit (5 failures) stays closed.
+    for _ in range(6):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model="az-v1", messages=[{"role": "user", "content": "FILTER-PROMPT"}]
+            )
+    reply = client.chat.completions.create(
+        model="az-v1", messages=[{"role": "user", "content": "Still there?"}]
+    )
+    assert reply.choices[0].message.content == "Hello from Azure."
+
+
+def test_a_rejected_key_is_the_gateways_fault(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="az-bad-key", messages=[{"role": "user", "content": "Hi"}])
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_auth_failed"
+    assert "not-the-key" not in caught.value.message
 
 
 def test_filtered_output_is_an_answer(client: openai.OpenAI) -> None:
