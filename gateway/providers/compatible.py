@@ -53,7 +53,8 @@ def normalised_usage(obj: Mapping[str, Any], usage: Any, preset: Preset) -> dict
     details = usage.get("prompt_tokens_details")
     if not isinstance(cached, int) or (isinstance(details, dict) and "cached_tokens" in details):
         return usage
-    return {**usage, "prompt_tokens_details": {**(details or {}), "cached_tokens": cached}}
+    known = details if isinstance(details, dict) else {}
+    return {**usage, "prompt_tokens_details": {**known, "cached_tokens": cached}}
 
 
 class CompatibleProvider(OpenAIProvider):

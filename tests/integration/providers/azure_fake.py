@@ -118,12 +118,12 @@ class FakeAzure:
         seen = self.seen[prompt] = self.seen.get(prompt, 0) + 1
         if throttle and seen <= int(throttle.group(1)):
             resp = _error(
-                429, "429", "Requests have exceeded the token rate limit. Please retry after 1 second."
+                429, "429", "Requests have exceeded the token rate limit. Please retry after 3 seconds."
             )
             resp.headers.update(
                 {
-                    "retry-after-ms": "300",
-                    "Retry-After": "1",
+                    "retry-after-ms": "200",
+                    "Retry-After": "3",
                     "x-ratelimit-remaining-requests": "10",
                     "x-ratelimit-remaining-tokens": "0",
                 }
