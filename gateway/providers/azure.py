@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -28,10 +29,33 @@ from urllib.parse import quote
 from gateway.providers.azure_policy import DEFAULT_API_VERSION, AzureSettings
 from gateway.providers.clients import http_transport
 from gateway.providers.openai import OpenAIProvider
+from gateway.providers.sse import StreamScanner
 from gateway.providers.transport import Transport, TransportResponse
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
+
+_MODEL = re.compile(rb'"model": ?"([^"\\]+)"')
+
+
+class _AzureScanner(StreamScanner):
+    """Azure's chunks name the model version (``gpt-4o-2024-08-06``), not the deployment's
+    ``model``: the ``model`` rewrite learns the name from the first chunk that has one (the
+    prompt-filter chunk before it has ``""``)."""
+
+    __slots__ = ("_shown",)
+
+    def __init__(self, *, strip_usage: bool, shown_model: str | None) -> None:
+        super().__init__(strip_usage=strip_usage)
+        self._shown = shown_model
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._shown is not None:
+            found = _MODEL.search(self.pending + chunk)
+            if found is not None:
+                self.rewrite_model(found.group(1).decode(), self._shown)
+                self._shown = None
+        return super().feed(chunk)
 
 
 def azure_paths(deployment: Deployment, model: str) -> dict[str, str]:
@@ -77,6 +101,9 @@ class AzureProvider(OpenAIProvider):
         self.paths = azure_paths(deployment, self.upstream_model)
         # The dated API rejects fields it does not know ("Unrecognized request argument").
         self.sends_prompt_cache_key = (deployment.azure or AzureSettings()).api == "v1"
+
+    def scanner(self, *, strip_usage: bool, shown_model: str | None) -> StreamScanner:
+        return _AzureScanner(strip_usage=strip_usage, shown_model=shown_model)
 
     async def send(
         self,

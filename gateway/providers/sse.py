@@ -60,10 +60,8 @@ class StreamScanner:
         self._sep = b"\n\n"
         self._model_old: tuple[bytes, ...] = ()
         self._model_new: tuple[bytes, ...] = ()
-        if model_from is not None and model_to is not None and model_from != model_to:
-            old, new = orjson.dumps(model_from), orjson.dumps(model_to)
-            self._model_old = (b'"model":' + old, b'"model": ' + old)
-            self._model_new = (b'"model":' + new, b'"model": ' + new)
+        if model_from is not None and model_to is not None:
+            self.rewrite_model(model_from, model_to)
         self.done = False
         self.chunks = 0
         self.events = 0
@@ -71,6 +69,14 @@ class StreamScanner:
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.malformed: bytes | None = None
+
+    def rewrite_model(self, model_from: str, model_to: str) -> None:
+        """From now on, rewrite ``"model": model_from`` to ``model_to`` in what is forwarded."""
+        if model_from == model_to:
+            return
+        old, new = orjson.dumps(model_from), orjson.dumps(model_to)
+        self._model_old = (b'"model":' + old, b'"model": ' + old)
+        self._model_new = (b'"model":' + new, b'"model": ' + new)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.done or self.malformed is not None:

@@ -176,3 +176,15 @@ def test_azure_sends_prompt_cache_key_only_on_v1() -> None:
     dated, _ = azure(", api_key_env: K, azure: {api: deployments}")
     assert v1.prepare({"messages": []}, stream=False, hints=HINTS).body["prompt_cache_key"] == "abc123"
     assert "prompt_cache_key" not in dated.prepare({"messages": []}, stream=False, hints=HINTS).body
+
+
+def test_azure_stream_model_rewrite_learns_the_model_version() -> None:
+    provider, _ = azure(", api_key_env: K, response_model: deployment")
+    scanner = provider.scanner(strip_usage=False, shown_model=provider.shown_model("fast"))
+    filter_chunk = b'data: {"choices":[],"id":"","model":"","prompt_filter_results":[]}\n\n'
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}],"model":"gpt-4o-2024-08-06"}\n\n'
+    # The model field arrives split across two reads.
+    out = scanner.feed(filter_chunk + chunk[:60]) + scanner.feed(chunk[60:] + chunk + b"data: [DONE]\n\n")
+    assert out.count(b'"model":"d"') == 2 and b"2024-08-06" not in out and b'"model":""' in out
+    plain = provider.scanner(strip_usage=False, shown_model=None)
+    assert b"2024-08-06" in plain.feed(chunk)
