@@ -209,11 +209,16 @@ class UpstreamStatusError(UpstreamError):
         )
         self.status = self.upstream_status = status
         self.upstream_type = _str_or_none(parsed.get("type"))
+        inner = parsed.get("innererror")
+        # Azure says which content filter refused the request there; clients that know Azure read it.
+        self.innererror: dict[str, Any] | None = inner if isinstance(inner, dict) else None
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         if self.upstream_type:
             out["error"]["type"] = self.upstream_type
+        if self.innererror is not None:
+            out["error"]["innererror"] = self.innererror
         return out
 
 

@@ -15,6 +15,8 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gateway.dialects.responses.policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.providers.azure_policy import AzureSettings, check_azure
+from gateway.providers.presets import default_base_url
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
@@ -39,12 +41,16 @@ class Deployment(StrictModel):
 
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai",
-        description="Wire protocol family: openai, vllm (OpenAI's API) or anthropic (the Messages API).",
+        description="Wire protocol family: openai, vllm (OpenAI's API), anthropic (the Messages API), "
+        "azure (Azure OpenAI), or an OpenAI-compatible provider with its quirks (docs/providers.md).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
     )
-    base_url: str = Field(description="Base URL including the API prefix, e.g. https://api.openai.com/v1")
+    base_url: str = Field(
+        description="Base URL including the API prefix, e.g. https://api.openai.com/v1 (provider azure: "
+        "the resource endpoint; an OpenAI-compatible provider's default is its public API)"
+    )
     api_key_env: str | None = Field(
         None, description="Environment variable holding the upstream API key (never logged)."
     )
@@ -99,15 +105,23 @@ class Deployment(StrictModel):
     replicas: ReplicaSetPolicy | None = Field(
         None, description="Several vLLM replicas of this model, and how requests are spread over them."
     )
+    azure: AzureSettings | None = Field(
+        None, description="Azure OpenAI's URL form, api-version and Entra ID token (provider azure)."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _replica_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "base_url" not in data:
+            preset_url = default_base_url(str(data.get("provider")))
+            if preset_url is not None:
+                data = {**data, "base_url": preset_url}
         return fill_replica_defaults(data)
 
     @model_validator(mode="after")
     def _replicas_coherent(self) -> Deployment:
         check_replicas(self)
+        check_azure(self.provider, self.azure, self.api_key_env, self.base_url)
         return self
 
     @field_validator("base_url")

@@ -7,10 +7,15 @@ deployments, so importing them here would tie the policy to every adapter in a c
 
 from __future__ import annotations
 
+from gateway.providers.presets import PRESETS
+
 PROVIDERS: dict[str, str] = {
     "openai": "gateway.providers.openai:OpenAIProvider",
     # A vLLM deployment is one URL or, with launch:/replicas:, a set of replicas the gateway watches.
     "vllm": "gateway.replicas.upstream:ReplicaSetUpstream",
     "anthropic": "gateway.providers.anthropic:AnthropicProvider",
+    "azure": "gateway.providers.azure:AzureProvider",
+    # The OpenAI-compatible providers: one adapter, a row each of presets.PRESETS for their quirks.
+    **dict.fromkeys(PRESETS, "gateway.providers.compatible:CompatibleProvider"),
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""

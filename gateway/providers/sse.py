@@ -10,6 +10,7 @@ a typical 200-byte chunk (``bench/sse_parse_cost.py``), which also reads usage a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -23,6 +24,8 @@ class StreamScanner:
     - ``strip_usage``: drop the usage-only chunk (``choices: []``) that the gateway asked
       for on the client's behalf.
     - ``model_from``/``model_to``: rewrite the ``model`` field of each chunk.
+    - ``usage_of``: where a provider puts a chunk's usage when not in ``usage`` (and in
+      OpenAI's shape); the chunk is forwarded as it came.
 
     After ``[DONE]`` nothing more is forwarded. An event whose data is not a JSON object
     sets :attr:`malformed` and is not forwarded (nor is anything after it).
@@ -34,6 +37,7 @@ class StreamScanner:
         "_sep",
         "_strip_usage",
         "_tail",
+        "_usage_of",
         "chunks",
         "done",
         "error",
@@ -43,17 +47,21 @@ class StreamScanner:
     )
 
     def __init__(
-        self, *, strip_usage: bool = False, model_from: str | None = None, model_to: str | None = None
+        self,
+        *,
+        strip_usage: bool = False,
+        model_from: str | None = None,
+        model_to: str | None = None,
+        usage_of: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self._strip_usage = strip_usage
+        self._usage_of = usage_of
         self._tail = b""
         self._sep = b"\n\n"
         self._model_old: tuple[bytes, ...] = ()
         self._model_new: tuple[bytes, ...] = ()
-        if model_from is not None and model_to is not None and model_from != model_to:
-            old, new = orjson.dumps(model_from), orjson.dumps(model_to)
-            self._model_old = (b'"model":' + old, b'"model": ' + old)
-            self._model_new = (b'"model":' + new, b'"model": ' + new)
+        if model_from is not None and model_to is not None:
+            self.rewrite_model(model_from, model_to)
         self.done = False
         self.chunks = 0
         self.events = 0
@@ -61,6 +69,14 @@ class StreamScanner:
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.malformed: bytes | None = None
+
+    def rewrite_model(self, model_from: str, model_to: str) -> None:
+        """From now on, rewrite ``"model": model_from`` to ``model_to`` in what is forwarded."""
+        if model_from == model_to:
+            return
+        old, new = orjson.dumps(model_from), orjson.dumps(model_to)
+        self._model_old = (b'"model":' + old, b'"model": ' + old)
+        self._model_new = (b'"model":' + new, b'"model": ' + new)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.done or self.malformed is not None:
@@ -113,7 +129,7 @@ class StreamScanner:
             if obj.get("error") is not None or obj.get("object") == "error":
                 err = obj.get("error")
                 self.error = err if isinstance(err, dict) else obj
-            usage = obj.get("usage")
+            usage = obj.get("usage") if self._usage_of is None else self._usage_of(obj)
             if isinstance(usage, dict):
                 self.usage = usage
                 if self._strip_usage and not obj.get("choices"):

@@ -35,6 +35,8 @@ FOREIGN_FLAGS = {
     "--cost-only", "--baseline", "--rounds", "--corpus-only",
     # bench/routing_features.py
     "--embedding", "--index", "--tools", "--choices",
+    # sglang's server (docs/providers.md)
+    "--enable-cache-report",
 }  # fmt: skip
 
 

@@ -66,6 +66,45 @@ def test_retry_after_forms() -> None:
     assert retry_after_s({"Retry-After": "soon"}) is None
 
 
+def test_retry_after_falls_back_to_the_exhausted_ratelimit_reset() -> None:
+    # Azure's and OpenAI's x-ratelimit-* headers: the reset of the limit that ran out.
+    headers = {
+        "x-ratelimit-remaining-requests": "12",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "6m0.5s",
+    }
+    assert retry_after_s(headers) == 360.5
+    assert (
+        retry_after_s({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "20ms"}) == 0.02
+    )
+    assert retry_after_s({"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "1s"}) is None
+    assert retry_after_s({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "later"}) is None
+    # retry-after-ms, then Retry-After, win over the reset.
+    assert retry_after_s({"retry-after-ms": "250", "Retry-After": "1", **headers}) == 0.25
+    assert retry_after_s({"Retry-After": "2", **headers}) == 2.0
+
+
+def test_azure_content_filter_error_keeps_its_innererror() -> None:
+    inner = {"code": "ResponsibleAIPolicyViolation", "content_filter_result": {"hate": {"filtered": True}}}
+    azure = {
+        "error": {
+            "code": "content_filter",
+            "message": "filtered",
+            "param": "prompt",
+            "type": None,
+            "status": 400,
+            "innererror": inner,
+        }
+    }
+    err = status_error("az", 400, orjson.dumps(azure), {})
+    shown = err.to_dict()["error"]
+    assert (
+        err.status == 400 and shown["code"] == "content_filter" and shown["type"] == "invalid_request_error"
+    )
+    assert shown["innererror"] == inner and shown["param"] == "prompt"
+
+
 def test_retry_after_header_rounds_up() -> None:
     assert RateLimitError("x", retry_after_s=0.2).headers["Retry-After"] == "1"
     assert RateLimitError("x", retry_after_s=2.1).headers["Retry-After"] == "3"
