@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gateway.dialects.responses_policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.providers.gemini_policy import check_google
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
@@ -39,7 +40,8 @@ class Deployment(StrictModel):
 
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai",
-        description="Wire protocol family: openai, vllm (OpenAI's API) or anthropic (the Messages API).",
+        description="Wire protocol family: openai, vllm (OpenAI's API), anthropic (the Messages API), "
+        "gemini or vertex (Google's generateContent).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
@@ -108,6 +110,7 @@ class Deployment(StrictModel):
     @model_validator(mode="after")
     def _replicas_coherent(self) -> Deployment:
         check_replicas(self)
+        check_google(self)
         return self
 
     @field_validator("base_url")

@@ -12,5 +12,8 @@ PROVIDERS: dict[str, str] = {
     # A vLLM deployment is one URL or, with launch:/replicas:, a set of replicas the gateway watches.
     "vllm": "gateway.replicas.upstream:ReplicaSetUpstream",
     "anthropic": "gateway.providers.anthropic:AnthropicProvider",
+    # Google's Gemini API (an API key) and Gemini on Vertex AI (an OAuth token): one dialect.
+    "gemini": "gateway.providers.gemini:GeminiProvider",
+    "vertex": "gateway.providers.gemini:VertexProvider",
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""
