@@ -276,6 +276,9 @@ def generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
             raise unsupported(name, why)
     if body.get("audio") is not None or "audio" in (body.get("modalities") or ()):
         raise unsupported("audio", "no audio output through the gateway")
+    n = body.get("n")
+    if body.get("stream") is True and n is not None and n != 1:
+        raise unsupported("n", "a streamed Gemini answer has one candidate")
     config: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is not None:

@@ -182,13 +182,12 @@ class GeminiStreamScanner:
     """The :class:`~gateway.providers.base.Scanner` of a ``streamGenerateContent?alt=sse``
     stream: each event (a whole ``GenerateContentResponse``) translated to OpenAI chunks.
 
-    Gemini ends a stream by closing it after the event that carries each candidate's
+    Gemini ends a stream by closing it after the event that carries the candidate's
     ``finishReason`` (or a ``promptFeedback.blockReason``); that event is the end here, and
     the scanner then adds the usage chunk and ``data: [DONE]``. A stream that closes before
     it is incomplete, never a success."""
 
     __slots__ = (
-        "_candidates",
         "_created",
         "_finished",
         "_id",
@@ -205,10 +204,9 @@ class GeminiStreamScanner:
         "usage",
     )
 
-    def __init__(self, *, strip_usage: bool, shown_model: str | None, candidates: int = 1) -> None:
+    def __init__(self, *, strip_usage: bool, shown_model: str | None) -> None:
         self._strip_usage = strip_usage
         self._model = shown_model
-        self._candidates = max(1, candidates)
         self._tail = b""
         self._id = ""
         self._created = int(time.time())
@@ -286,7 +284,7 @@ class GeminiStreamScanner:
         for position, candidate in enumerate(response.get("candidates") or ()):
             if isinstance(candidate, dict):
                 out.extend(self._candidate(candidate, candidate.get("index", position)))
-        if len(self._finished) >= self._candidates:
+        if self._finished:  # one candidate: streams with n > 1 are refused
             out.extend(self._end())
         return out
 
