@@ -5,6 +5,7 @@ structured output, safety, errors, cached-token usage, and retries on Gemini's t
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,12 +230,17 @@ def test_throttling_is_retried_after_googles_retry_delay(gateway: GatewayProcess
     assert second.at - first.at >= 1.1  # the gateway waited RetryInfo's delay, not its own backoff
 
 
-def test_throttling_past_retries_is_a_429_for_the_client(client: openai.OpenAI, fake: FakeGemini) -> None:
+def test_throttling_longer_than_the_cap_reaches_the_client_with_its_delay(
+    client: openai.OpenAI, fake: FakeGemini
+) -> None:
     for _ in range(3):
-        fake.fail_next(429, "RESOURCE_EXHAUSTED", "Quota exceeded for metric generate_content_requests")
+        fake.fail_next(429, "RESOURCE_EXHAUSTED", "Quota exceeded for metric requests", retry_delay="30s")
+    started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as limited:
         client.chat.completions.create(model="flash", messages=[{"role": "user", "content": "x"}])
-    assert "Quota exceeded" in limited.value.message
+    assert time.monotonic() - started < 5  # not waited for: past dispatch.retries.retry_after_cap_s
+    assert "Quota exceeded" in limited.value.message and limited.value.code == "RESOURCE_EXHAUSTED"
+    assert limited.value.response.headers["Retry-After"] == "30"
 
 
 def test_upstream_faults_and_bad_requests(client: openai.OpenAI, fake: FakeGemini) -> None:
