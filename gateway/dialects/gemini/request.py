@@ -93,6 +93,8 @@ def _part(part: Any) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text" and isinstance(part.get("text"), str):
         return {"text": part["text"]}
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return {"text": part["refusal"]}  # an earlier assistant turn's refusal, as what it said
     if kind == "image_url":
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image

@@ -18,8 +18,9 @@ Written from Google's public API reference, not from any SDK:
   (``promptFeedback.blockReason``, prompt containing "blocked prompt");
 - ``usageMetadata`` with implicit caching: a system instruction seen before, of at least
   :data:`MIN_CACHE_TOKENS`, comes back as ``cachedContentTokenCount``;
-- injected failures (:meth:`FakeGemini.fail_next`): Google's error JSON, 429
-  ``RESOURCE_EXHAUSTED`` with a ``RetryInfo.retryDelay``.
+- injected failures: Google's error JSON (:meth:`FakeGemini.fail_next`; 429
+  ``RESOURCE_EXHAUSTED`` with a ``RetryInfo.retryDelay``), a stream that closes before its
+  ``finishReason`` (:meth:`FakeGemini.cut_next_stream`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class FakeGemini:
         self.requests: list[Seen] = []
         self._faults: list[tuple[int, str, str, list[Any]]] = []
         self._systems: set[str] = set()
+        self._cut = False
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -129,10 +131,15 @@ class FakeGemini:
             details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay})
         self._faults.append((status, code, message or f"injected {code}", details))
 
+    def cut_next_stream(self) -> None:
+        """The next stream closes after its first event, before any ``finishReason``."""
+        self._cut = True
+
     def reset(self) -> None:
         self.requests.clear()
         self._faults.clear()
         self._systems.clear()
+        self._cut = False
 
     # --- the server -------------------------------------------------------------------
 
@@ -207,6 +214,10 @@ class FakeGemini:
             events[-1]["usageMetadata"] = answer["usageMetadata"]
         else:
             events.append(answer)
+        if self._cut:
+            self._cut = False
+            events = events[:1]
+            events[0].get("candidates", [{}])[0].pop("finishReason", None)
         for event in events:
             event["modelVersion"] = answer["modelVersion"]
             event["responseId"] = answer["responseId"]

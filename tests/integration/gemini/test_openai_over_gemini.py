@@ -81,6 +81,18 @@ def test_stream_arrives_as_chunks_with_usage_and_done(client: openai.OpenAI, fak
     assert seen.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent" and seen.query == "alt=sse"
 
 
+def test_a_stream_cut_before_its_finish_ends_with_an_error(client: openai.OpenAI, fake: FakeGemini) -> None:
+    fake.cut_next_stream()
+    stream = client.chat.completions.create(
+        model="flash", messages=[{"role": "user", "content": "Stream it"}], stream=True
+    )
+    received = []
+    with pytest.raises(openai.APIError) as cut:
+        for chunk in stream:
+            received.append(chunk)
+    assert received and cut.value.code == "stream_incomplete", cut.value.message
+
+
 def test_stream_without_include_usage_sends_no_usage_chunk(client: openai.OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(

@@ -338,3 +338,14 @@ def test_stream_strips_usage_and_reports_errors_and_bad_json() -> None:
     assert failing.error is not None and failing.error["code"] == "UNAVAILABLE"
     broken = GeminiStreamScanner(strip_usage=False, shown_model=None)
     assert broken.feed(b"data: {not json\r\n\r\n") == b"" and broken.malformed is not None
+
+
+def test_an_earlier_refusal_is_sent_as_what_the_model_said() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+            {"role": "user", "content": "y"},
+        ]
+    }
+    assert to_generate_request(body)["contents"][1] == {"role": "model", "parts": [{"text": "I can't."}]}
