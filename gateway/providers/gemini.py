@@ -97,12 +97,16 @@ class _GoogleError(TransportResponse):
 async def _read_error(resp: TransportResponse) -> bytes:
     parts: list[bytes] = []
     size = 0
-    async for chunk in resp.iter_chunks():
-        parts.append(chunk)
-        size += len(chunk)
-        if size > _MAX_ERROR_BYTES:
-            resp.close()
-            return b"".join(parts)[:_MAX_ERROR_BYTES]
+    try:
+        async for chunk in resp.iter_chunks():
+            parts.append(chunk)
+            size += len(chunk)
+            if size > _MAX_ERROR_BYTES:
+                resp.close()
+                return b"".join(parts)[:_MAX_ERROR_BYTES]
+    except BaseException:
+        resp.close()
+        raise
     resp.release()
     return b"".join(parts)
 
@@ -114,7 +118,9 @@ class GeminiProvider(Provider):
         if transport is None:
             transport = http_transport(deployment.base_url, self.keyed(deployment))
         super().__init__(name, deployment, transport)
-        self._path = "/models/" + quote(self.upstream_model, safe="-._~@")
+        # The API's resource name (models/gemini-2.5-flash) and the bare id both work.
+        model = self.upstream_model.removeprefix("models/")
+        self._path = "/models/" + quote(model, safe="-._~@")
 
     @staticmethod
     def keyed(deployment: Deployment) -> Deployment:

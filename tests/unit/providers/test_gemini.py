@@ -56,12 +56,12 @@ def test_gemini_paths_and_key_header(monkeypatch: pytest.MonkeyPatch) -> None:
         return MockResponse.json(ANSWER)
 
     mock = MockTransport(answer)
-    provider = GeminiProvider("g", gemini(model="tunedModels/my model"), transport=mock)
+    provider = GeminiProvider("g", gemini(model="models/my model"), transport=mock)
     run_send(provider, CHAT, stream=False)
     run_send(provider, {**CHAT, "stream": True}, stream=True)
     assert [r.endpoint for r in mock.requests] == [
-        "/models/tunedModels%2Fmy%20model:generateContent",
-        "/models/tunedModels%2Fmy%20model:streamGenerateContent?alt=sse",
+        "/models/my%20model:generateContent",
+        "/models/my%20model:streamGenerateContent?alt=sse",
     ]
     assert mock.requests[0].body == {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
 
