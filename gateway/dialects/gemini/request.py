@@ -211,6 +211,8 @@ def split_messages(chat_messages: list[Any]) -> tuple[list[dict[str, Any]], list
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise InvalidRequestError("tools must be an array.", param="tools")
     declarations = []
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -289,8 +291,12 @@ def generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
         if body.get(name) is not None:
             config[field] = body[name]
     stop = body.get("stop")
-    if stop:
-        config["stopSequences"] = [stop] if isinstance(stop, str) else list(stop)
+    if isinstance(stop, str) and stop:
+        config["stopSequences"] = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and stop:
+        config["stopSequences"] = stop
+    elif stop:
+        raise InvalidRequestError("stop must be a string or an array of strings.", param="stop")
     config.update(_output_format(body.get("response_format")))
     return config
 

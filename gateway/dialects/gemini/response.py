@@ -41,6 +41,15 @@ FINISH_REASONS = {
 """Gemini ``finishReason`` -> OpenAI ``finish_reason`` (any other: ``stop``)."""
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _index(candidate: dict[str, Any], position: int) -> int:
+    index = candidate.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else position
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
@@ -87,7 +96,7 @@ def candidate_parts(candidate: dict[str, Any]) -> tuple[str, list[dict[str, Any]
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     content = candidate.get("content")
-    for part in (content.get("parts") if isinstance(content, dict) else None) or ():
+    for part in _list(content.get("parts") if isinstance(content, dict) else None):
         if not isinstance(part, dict) or part.get("thought") is True:
             continue
         if isinstance(part.get("text"), str):
@@ -116,7 +125,7 @@ def to_chat_completion(response: dict[str, Any], model: str | None) -> dict[str,
     if refusal is not None:
         message = {"role": "assistant", "content": None, "refusal": refusal}
         choices.append({"index": 0, "message": message, "logprobs": None, "finish_reason": "content_filter"})
-    for position, candidate in enumerate(response.get("candidates") or ()):
+    for position, candidate in enumerate(_list(response.get("candidates"))):
         if not isinstance(candidate, dict):
             continue
         text, calls = candidate_parts(candidate)
@@ -125,7 +134,7 @@ def to_chat_completion(response: dict[str, Any], model: str | None) -> dict[str,
             reply["tool_calls"] = calls
         choices.append(
             {
-                "index": candidate.get("index", position),
+                "index": _index(candidate, position),
                 "message": reply,
                 "logprobs": None,
                 "finish_reason": finish_reason(candidate.get("finishReason"), bool(calls)),
@@ -281,9 +290,9 @@ class GeminiStreamScanner:
             out = [*self._open(0), self._chunk(0, {"refusal": refusal}, "content_filter")]
             return out + self._end()
         out = []
-        for position, candidate in enumerate(response.get("candidates") or ()):
+        for position, candidate in enumerate(_list(response.get("candidates"))):
             if isinstance(candidate, dict):
-                out.extend(self._candidate(candidate, candidate.get("index", position)))
+                out.extend(self._candidate(candidate, _index(candidate, position)))
         if self._finished:  # one candidate: streams with n > 1 are refused
             out.extend(self._end())
         return out

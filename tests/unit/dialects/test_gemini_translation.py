@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.dialects.gemini.request import call_signature, make_call_id, to_generate_request
 from gateway.dialects.gemini.response import (
@@ -171,6 +173,20 @@ def test_unsupported_parameters_are_refused(extra: dict[str, Any], param: str) -
     with pytest.raises(InvalidRequestError) as refused:
         to_generate_request({"messages": [{"role": "user", "content": "x"}], **extra})
     assert refused.value.code == "unsupported_parameter" and refused.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"tools": 5}, "tools"), ({"stop": 5}, "stop"), ({"tool_choice": "maybe", "tools": []}, None)],
+)
+def test_malformed_fields_are_a_400_not_a_traceback(extra: dict[str, Any], param: str | None) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], **extra}
+    if param is None:
+        assert "toolConfig" not in to_generate_request(body)  # no tools: tool_choice is moot
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        to_generate_request(body)
+    assert refused.value.param == param
 
 
 def test_a_tool_result_for_an_unknown_call_is_a_400() -> None:
@@ -349,3 +365,67 @@ def test_an_earlier_refusal_is_sent_as_what_the_model_said() -> None:
         ]
     }
     assert to_generate_request(body)["contents"][1] == {"role": "model", "parts": [{"text": "I can't."}]}
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+_message_keys = st.sampled_from(["role", "content", "tool_calls", "tool_call_id", "name", "type", "function"])
+_message = st.dictionaries(
+    _message_keys,
+    _json | st.sampled_from(["user", "assistant", "tool", "system", "text", "image_url"]),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "messages": st.lists(_message, max_size=4).map(
+                lambda rest: [{"role": "user", "content": "q"}, *rest]
+            )
+        },
+        optional={
+            name: _json
+            for name in (
+                "tools",
+                "tool_choice",
+                "response_format",
+                "stop",
+                "max_tokens",
+                "n",
+                "stream",
+                "logprobs",
+                "temperature",
+            )
+        },
+    )
+)
+def test_any_request_translates_or_is_a_400(body: dict[str, Any]) -> None:
+    try:
+        out = to_generate_request(body)
+    except InvalidRequestError:
+        return
+    orjson.dumps(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        _json
+        | st.dictionaries(st.sampled_from(["candidates", "promptFeedback", "usageMetadata", "error"]), _json),
+        max_size=4,
+    )
+)
+def test_any_stream_event_is_translated_without_a_traceback(events: list[Any]) -> None:
+    scanner = GeminiStreamScanner(strip_usage=False, shown_model=None)
+    for event in events:
+        scanner.feed(b"data: " + orjson.dumps(event) + b"\n\n")
+    to_chat_completion(events[0] if events and isinstance(events[0], dict) else {}, None)
