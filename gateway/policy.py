@@ -84,6 +84,12 @@ class Deployment(StrictModel):
         description="The model supports structured output (response_format json_schema); "
         "when false such requests are refused with a 400 (provider anthropic).",
     )
+    google_auth: Literal["env", "metadata"] = Field(
+        "env",
+        description="provider vertex: the OAuth access token comes from api_key_env (env, read once) "
+        "or from the GCP metadata server (metadata: GKE Workload Identity, Compute Engine, Cloud Run; "
+        "refreshed before it expires; GCE_METADATA_HOST names another server).",
+    )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",
         description="The `model` field clients see: the upstream's, this deployment's name, "

@@ -9,7 +9,8 @@ answer, its stream and its errors come back as chat completions
   the API key from ``api_key_env`` sent as ``x-goog-api-key`` (never as ``Authorization``);
 - ``provider: vertex``: ``base_url``
   ``https://{region}-aiplatform.googleapis.com/v1/projects/{project}/locations/{region}/publishers/google``,
-  an OAuth access token from ``api_key_env`` sent as ``Authorization: Bearer``.
+  an OAuth access token sent as ``Authorization: Bearer``: from ``api_key_env``, or with
+  ``google_auth: metadata`` from the GCP metadata server.
 
 Errors: Google's error object is rewritten to OpenAI's before dispatch reads it, so a 429
 ``RESOURCE_EXHAUSTED`` is a rate limit whose ``RetryInfo.retryDelay`` becomes the
@@ -41,6 +42,7 @@ from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
 from gateway.providers.clients import http_transport
+from gateway.providers.google_token import MetadataToken
 from gateway.providers.transport import Transport, TransportResponse
 
 if TYPE_CHECKING:
@@ -194,9 +196,32 @@ class GeminiProvider(Provider):
 
 
 class VertexProvider(GeminiProvider):
-    """``provider: vertex``: Gemini on Vertex AI, an OAuth access token as the bearer
-    (the default ``Authorization`` header every transport sends from ``api_key_env``)."""
+    """``provider: vertex``: Gemini on Vertex AI with an OAuth access token as the bearer:
+    from ``api_key_env`` (``google_auth: env``, the default ``Authorization`` header every
+    transport sends) or from the metadata server (``google_auth: metadata``, refreshed
+    before it expires: :mod:`gateway.providers.google_token`)."""
+
+    def __init__(self, name: str, deployment: Deployment, transport: Transport | None = None) -> None:
+        super().__init__(name, deployment, transport)
+        self.token = MetadataToken(name) if deployment.google_auth == "metadata" else None
 
     @staticmethod
     def keyed(deployment: Deployment) -> Deployment:
         return deployment
+
+    async def send(
+        self,
+        endpoint: str,
+        body: Mapping[str, Any],
+        *,
+        headers: Mapping[str, str],
+        connect_timeout_s: float | None,
+    ) -> TransportResponse:
+        if self.token is not None and not (isinstance(body, _Request) and body.error is not None):
+            headers = {**headers, "Authorization": f"Bearer {await self.token.bearer()}"}
+        return await super().send(endpoint, body, headers=headers, connect_timeout_s=connect_timeout_s)
+
+    async def close(self) -> None:
+        if self.token is not None:
+            await self.token.close()
+        await super().close()

@@ -19,6 +19,8 @@ def check_google(deployment: Any) -> None:
     """Raise ``ValueError`` (one line saying what to do) when a Gemini or Vertex deployment's
     settings cannot work; any other provider passes."""
     provider = deployment.provider
+    if deployment.google_auth != "env" and provider != "vertex":
+        raise ValueError("google_auth: metadata needs provider: vertex")
     if provider not in ("gemini", "vertex"):
         return
     base_url: str = deployment.base_url
@@ -32,9 +34,9 @@ def check_google(deployment: Any) -> None:
             "provider vertex: base_url must be https://{region}-aiplatform.googleapis.com/v1/projects/"
             "{project}/locations/{region}/publishers/google"
         )
-    if not deployment.api_key_env:
+    if not deployment.api_key_env and deployment.google_auth == "env":
         what = (
-            "an OAuth access token (gcloud auth print-access-token)"
+            "an OAuth access token (gcloud auth print-access-token), or set google_auth: metadata"
             if provider == "vertex"
             else "the API key"
         )

@@ -21,6 +21,7 @@ deployments:
   gemini3: {{{gemini}, model: gemini-3-pro-preview}}
   wrongkey: {{provider: gemini, base_url: "{fake.gemini_url}", api_key_env: GEMINI_WRONG_KEY, model: gemini-2.5-flash}}
   vertex: {{provider: vertex, base_url: "{fake.vertex_url()}", api_key_env: VERTEX_TEST_TOKEN, model: gemini-2.5-pro}}
+  vertex-md: {{provider: vertex, base_url: "{fake.vertex_url()}", google_auth: metadata, model: gemini-2.5-pro}}
 tiers: {{fast: [flash], strong: [gemini3]}}
 dispatch:
   circuit: {{enabled: false}}
@@ -38,7 +39,12 @@ def gateway(
     fake: FakeGemini, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     workdir: Path = tmp_path_factory.mktemp("gemini-gw")
-    env = {"GEMINI_TEST_KEY": API_KEY, "GEMINI_WRONG_KEY": "not-the-key", "VERTEX_TEST_TOKEN": VERTEX_TOKEN}
+    env = {
+        "GEMINI_TEST_KEY": API_KEY,
+        "GEMINI_WRONG_KEY": "not-the-key",
+        "VERTEX_TEST_TOKEN": VERTEX_TOKEN,
+        "GCE_METADATA_HOST": f"127.0.0.1:{fake.port}",
+    }
     gw = GatewayProcess(policy(fake), redis_url=redis_url, workdir=workdir, env=env)
     gw.start()
     try:

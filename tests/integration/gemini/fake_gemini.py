@@ -6,7 +6,9 @@ Written from Google's public API reference, not from any SDK:
   with ``x-goog-api-key`` (missing: 403 ``PERMISSION_DENIED``; wrong: 400
   ``INVALID_ARGUMENT`` with ``ErrorInfo.reason`` ``API_KEY_INVALID``, as the API answers);
 - ``POST /v1/projects/{p}/locations/{l}/publishers/google/models/{model}:generateContent``
-  (Vertex AI) with ``Authorization: Bearer {token}`` (wrong: 401 ``UNAUTHENTICATED``);
+  (Vertex AI) with ``Authorization: Bearer {token}`` (wrong: 401 ``UNAUTHENTICATED``), and the
+  GCP metadata server's ``GET /computeMetadata/v1/instance/service-accounts/default/token``
+  (header ``Metadata-Flavor: Google``) handing out the tokens it then accepts;
 - the request shape checked as the API does: known top-level and ``generationConfig`` fields
   only ("Unknown name ... Cannot find field"), ``contents`` roles ``user``/``model``, one data
   field per part, as many ``functionResponse`` parts as the model turn had ``functionCall``
@@ -113,6 +115,8 @@ class FakeGemini:
         self._faults: list[tuple[int, str, str, list[Any]]] = []
         self._systems: set[str] = set()
         self._cut = False
+        self.issued: list[str] = []
+        self.token_lifetime_s = 3599
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -140,6 +144,7 @@ class FakeGemini:
         self._faults.clear()
         self._systems.clear()
         self._cut = False
+        self.token_lifetime_s = 3599
 
     # --- the server -------------------------------------------------------------------
 
@@ -148,6 +153,7 @@ class FakeGemini:
         app = web.Application()
         app.router.add_post("/v1beta/models/{call}", self._gemini)
         app.router.add_post("/v1/projects/{p}/locations/{l}/publishers/google/models/{call}", self._vertex)
+        app.router.add_get("/computeMetadata/v1/instance/service-accounts/default/token", self._token)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
@@ -173,8 +179,17 @@ class FakeGemini:
             return _error(400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", [info])
         return await self._serve(request)
 
+    async def _token(self, request: web.Request) -> web.StreamResponse:
+        # The metadata server answers only requests that say they mean it.
+        if request.headers.get("Metadata-Flavor") != "Google":
+            return web.Response(status=403, text="Missing Metadata-Flavor:Google header.")
+        self.issued.append(f"ya29.metadata-{len(self.issued) + 1}")
+        token = {"access_token": self.issued[-1], "expires_in": self.token_lifetime_s, "token_type": "Bearer"}
+        return web.json_response(token)
+
     async def _vertex(self, request: web.Request) -> web.StreamResponse:
-        if request.headers.get("Authorization") != f"Bearer {VERTEX_TOKEN}":
+        tokens = {f"Bearer {t}" for t in (VERTEX_TOKEN, *self.issued)}
+        if request.headers.get("Authorization") not in tokens:
             return _error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
         return await self._serve(request)
 

@@ -300,3 +300,18 @@ def test_vertex_url_form_and_bearer_token(client: openai.OpenAI, fake: FakeGemin
     assert (
         unary.headers["Authorization"] == f"Bearer {VERTEX_TOKEN}" and "x-goog-api-key" not in unary.headers
     )
+
+
+def test_vertex_token_from_the_metadata_server_is_reused_until_near_its_expiry(
+    client: openai.OpenAI, fake: FakeGemini
+) -> None:
+    def ask() -> str:
+        client.chat.completions.create(model="vertex-md", messages=[{"role": "user", "content": "Hi"}])
+        return fake.requests[-1].headers["Authorization"].removeprefix("Bearer ")
+
+    fake.token_lifetime_s = 200  # less than the five minutes the gateway wants left
+    short = [ask(), ask()]
+    fake.token_lifetime_s = 3599
+    long = [ask(), ask()]
+    assert short == fake.issued[-3:-1] and short[0] != short[1]
+    assert long == [fake.issued[-1]] * 2

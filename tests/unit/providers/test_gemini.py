@@ -163,3 +163,8 @@ def test_policy_checks_are_located() -> None:
     found = issues(f"provider: vertex, base_url: {VERTEX_URL}, api_key_env: T, responses_api: native")
     assert "responses_api must be translate" in found[0]
     assert deployment(f"provider: vertex, base_url: {VERTEX_URL}, api_key_env: T").provider == "vertex"
+    assert deployment(f"provider: vertex, base_url: {VERTEX_URL}, google_auth: metadata").api_key_env is None
+    found = issues(
+        "provider: gemini, base_url: https://g.example/v1beta, api_key_env: K, google_auth: metadata"
+    )
+    assert found == ["line 2: deployments.g: Value error, google_auth: metadata needs provider: vertex"]
