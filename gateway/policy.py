@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from gateway.dialects.responses.policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.providers.azure_policy import AzureSettings, check_azure
+from gateway.providers.gemini_policy import check_google
 from gateway.providers.presets import default_base_url
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
@@ -42,7 +43,8 @@ class Deployment(StrictModel):
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai",
         description="Wire protocol family: openai, vllm (OpenAI's API), anthropic (the Messages API), "
-        "azure (Azure OpenAI), or an OpenAI-compatible provider with its quirks (docs/providers.md).",
+        "azure (Azure OpenAI), gemini or vertex (Google's generateContent), or an OpenAI-compatible "
+        "provider with its quirks (docs/providers.md).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
@@ -88,6 +90,12 @@ class Deployment(StrictModel):
         description="The model supports structured output (response_format json_schema); "
         "when false such requests are refused with a 400 (provider anthropic).",
     )
+    google_auth: Literal["env", "metadata"] = Field(
+        "env",
+        description="provider vertex: the OAuth access token comes from api_key_env (env, read once) "
+        "or from the GCP metadata server (metadata: GKE Workload Identity, Compute Engine, Cloud Run; "
+        "refreshed before it expires; GCE_METADATA_HOST names another server).",
+    )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",
         description="The `model` field clients see: the upstream's, this deployment's name, "
@@ -122,6 +130,7 @@ class Deployment(StrictModel):
     def _replicas_coherent(self) -> Deployment:
         check_replicas(self)
         check_azure(self.provider, self.azure, self.api_key_env, self.base_url)
+        check_google(self)
         return self
 
     @field_validator("base_url")

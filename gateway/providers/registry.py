@@ -17,5 +17,8 @@ PROVIDERS: dict[str, str] = {
     "azure": "gateway.providers.azure:AzureProvider",
     # The OpenAI-compatible providers: one adapter, a row each of presets.PRESETS for their quirks.
     **dict.fromkeys(PRESETS, "gateway.providers.compatible:CompatibleProvider"),
+    # Google's Gemini API (an API key) and Gemini on Vertex AI (an OAuth token): one dialect.
+    "gemini": "gateway.providers.gemini:GeminiProvider",
+    "vertex": "gateway.providers.gemini:VertexProvider",
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""

@@ -33,6 +33,9 @@ PROVIDER_PLACEMENT: dict[str, Placement] = {
     # The Messages API takes system text only at the top level; a later system message is
     # sent as a text block of the user turn it sits in, after its text or tool_result blocks.
     "anthropic": "after_last_turn",
+    # Gemini (and Vertex) take it the same way: a text part of the user turn it sits in.
+    "gemini": "after_last_turn",
+    "vertex": "after_last_turn",
     # Many models' chat templates accept a system message only first (they raise otherwise).
     "vllm": "end_of_system",
 }

@@ -58,7 +58,7 @@ def test_status_classes() -> None:
 
 
 def test_policy_names_only_registered_providers() -> None:
-    assert {"openai", "vllm", "anthropic", "azure", "deepseek"} <= set(PROVIDERS)
+    assert {"openai", "vllm", "anthropic", "azure", "deepseek", "gemini", "vertex"} <= set(PROVIDERS)
     try:
         deployment("no-such-provider")
     except PolicyError as exc:
