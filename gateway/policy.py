@@ -121,7 +121,7 @@ class Deployment(StrictModel):
     @classmethod
     def _replica_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict) and "base_url" not in data:
-            preset_url = default_base_url(str(data.get("provider")))
+            preset_url = default_base_url(str(data.get("provider", "openai")))
             if preset_url is not None:
                 data = {**data, "base_url": preset_url}
         return fill_replica_defaults(data)

@@ -57,7 +57,15 @@ PRESETS: Mapping[str, Preset] = {
 :data:`gateway.providers.registry.PROVIDERS`."""
 
 
+PUBLIC_BASE_URLS: Mapping[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com/v1",
+}
+"""The public API a deployment of these providers reaches when the policy sets no ``base_url``."""
+
+
 def default_base_url(provider: str) -> str | None:
-    """The preset's ``base_url`` for ``provider`` (``None``: not a preset, or it has none)."""
+    """The ``base_url`` a deployment of ``provider`` gets when the policy sets none: the
+    provider's public API, or its preset's (``None``: it has none, so the policy must set one)."""
     preset = PRESETS.get(provider)
-    return preset.base_url if preset is not None else None
+    return preset.base_url if preset is not None else PUBLIC_BASE_URLS.get(provider)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+import yaml
 
 from gateway.config import PolicyError, parse_policy
 from gateway.errors import UpstreamError
@@ -99,3 +100,25 @@ def test_a_valid_answer_passes_unchanged() -> None:
     body = b'{"object": "list", "data": [{"embedding": [0.1]}], "usage": {"prompt_tokens": 1}}'
     answer = provider.read_answer(body, "application/json", None, endpoint="/embeddings")
     assert answer.body is body and answer.usage == {"prompt_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("provider", "url"),
+    [
+        ("openai", "https://api.openai.com/v1"),
+        ("anthropic", "https://api.anthropic.com/v1"),
+        (None, "https://api.openai.com/v1"),
+    ],
+)
+def test_a_hosted_provider_without_base_url_gets_its_public_api(provider: str | None, url: str) -> None:
+    spec = {"api_key_env": "KEY"} if provider is None else {"provider": provider, "api_key_env": "KEY"}
+    policy = parse_policy(yaml.safe_dump({"deployments": {"d": spec}, "tiers": {"fast": ["d"]}}), "p")
+    assert policy.deployments["d"].base_url == url
+
+
+def test_a_self_hosted_provider_still_needs_its_base_url() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(
+            yaml.safe_dump({"deployments": {"d": {"provider": "vllm"}}, "tiers": {"fast": ["d"]}}), "p"
+        )
+    assert "deployments.d.base_url" in str(info.value)
