@@ -29,7 +29,7 @@ from gateway.policy import Policy
 from gateway.routing.resolve import Router
 from gateway.shaping.placement import Placements
 from gateway.shaping.shaper import PolicyShaper
-from gateway.validation import Issue
+from gateway.validation import Issue, files_relative_to
 
 _log = structlog.get_logger("switchyard.config")
 
@@ -233,7 +233,8 @@ def load_policy(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         raise PolicyError(source, [Issue(loc=(), message=f"cannot read: {exc.strerror}")]) from None
     except UnicodeDecodeError:
         raise PolicyError(source, [Issue(loc=(), message="not UTF-8 text")]) from None
-    return parse_policy(text, source, env)
+    with files_relative_to(Path(source).resolve().parent):
+        return parse_policy(text, source, env)
 
 
 class PolicyHolder:

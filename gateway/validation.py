@@ -4,7 +4,10 @@ models, durations with units, and problems located by path (``tiers.fast[1]``)."
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, WithJsonSchema
@@ -26,6 +29,28 @@ def parse_duration(value: Any) -> Any:
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds; YAML may write ``2s`` or ``150ms``."""
+
+_POLICY_DIR: ContextVar[Path | None] = ContextVar("policy_dir", default=None)
+
+
+@contextmanager
+def files_relative_to(folder: Path) -> Iterator[None]:
+    """While a policy file is validated, the files it names are read relative to its folder."""
+    token = _POLICY_DIR.set(folder)
+    try:
+        yield
+    finally:
+        _POLICY_DIR.reset(token)
+
+
+def policy_file(path: str) -> str:
+    """A file a policy names (weights, an index), resolved against the policy file's folder, so
+    the policy works from any working directory; absolute paths, and policies validated from
+    text rather than a file, keep the path as written."""
+    folder = _POLICY_DIR.get()
+    if folder is None or Path(path).is_absolute():
+        return path
+    return str(folder / path)
 
 
 class StrictModel(BaseModel):

@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 
 from gateway.routing.classifiers import Classifier, ClassifierSettings, Neighbour, register
 from gateway.routing.features import Features
+from gateway.validation import policy_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -61,6 +62,11 @@ class EmbeddingSettings(ClassifierSettings):
         None, description="With combine ngram: the ngram weights (default: the shipped ones)."
     )
 
+    @field_validator("ngram_weights_file")
+    @classmethod
+    def _beside_the_policy(cls, path: str | None) -> str | None:
+        return None if path is None else policy_file(path)
+
     @field_validator("index_file")
     @classmethod
     def _usable(cls, path: str) -> str:
@@ -71,6 +77,7 @@ class EmbeddingSettings(ClassifierSettings):
             model_files()
         except EmbeddingUnavailable as exc:
             raise ValueError(str(exc)) from None
+        path = policy_file(path)
         try:
             EmbeddingIndex.load(Path(path))
         except (OSError, ValueError, KeyError) as exc:

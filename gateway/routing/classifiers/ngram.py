@@ -38,6 +38,7 @@ from pydantic import Field, field_validator
 
 from gateway.routing.classifiers import Classifier, ClassifierSettings, register
 from gateway.routing.features import FEATURE_NAMES, Features, options_similarity
+from gateway.validation import policy_file
 
 DEFAULT_WEIGHTS = Path(__file__).with_name("ngram_weights.json")
 FORMAT = "switchyard-ngram/1"
@@ -93,6 +94,7 @@ class NgramSettings(ClassifierSettings):
     @classmethod
     def _readable(cls, path: str | None) -> str | None:
         if path is not None:
+            path = policy_file(path)
             try:
                 NgramModel.load(Path(path))
             except (OSError, ValueError, KeyError) as exc:

@@ -24,6 +24,7 @@ from gateway.routing.learn.datafiles import labels as _labels
 from gateway.routing.learn.evaluate import register_eval
 from gateway.routing.learn.fit_command import cmd_fit_embedding, cmd_fit_ngram, register_fit_options
 from gateway.routing.learn.judge import register_judge
+from gateway.routing.learn.routellm import register_import
 from gateway.routing.resolve import Router
 from gateway.routing.thresholds import threshold_for_share
 from gateway.store.gate import REDIS_FAULTS
@@ -177,6 +178,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     register_eval(rsub, policy_help)
     register_judge(rsub, policy_help)
+    register_import(rsub)
     for command in rsub.choices.values():
         command.set_defaults(func=_one_line_errors(command.get_default("func")))
 

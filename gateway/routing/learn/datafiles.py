@@ -10,6 +10,7 @@ one user message), with either ``label`` (``fast`` | ``strong``) or per-model qu
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,33 @@ def labels(rows: list[dict[str, Any]], path: str) -> list[int]:
             raise SystemExit(f"{path}: row {number}: label must be 'fast' or 'strong', not {label!r}")
         out.append(1 if label == "strong" else 0)
     return out
+
+
+def require_gain(rows: list[dict[str, Any]], path: str) -> None:
+    """Refuse a per-model quality file whose strong answers are judged no better than the weak
+    ones: routing cannot buy quality there, APGR and PGR divide by a gain of zero or less (they
+    come out negative or meaningless), and "keep the better policy" would pick the worse."""
+    weak = sum(float(row["weak"]) for row in rows) / len(rows)
+    strong = sum(float(row["strong"]) for row in rows) / len(rows)
+    if strong <= weak:
+        raise SystemExit(
+            f"{path}: the strong answers are judged no better than the weak ones (mean quality "
+            f"strong {strong:.3f}, weak {weak:.3f}, over {len(rows)} rows): routing cannot buy "
+            "quality here, so no fit or comparison on this file means anything. Check the judge "
+            "(routing.judge) and which deployments the tiers name, or grade more pairs."
+        )
+
+
+def holdout_of(row: dict[str, Any], share: float) -> bool:
+    """Whether a row is held out of a fit (``route fit --holdout``): a stable hash of its ``id``
+    (else its messages), so the same rows are held out at every run."""
+    key = str(row.get("id")) if row.get("id") is not None else orjson.dumps(row.get("messages")).decode()
+    return zlib.crc32(key.encode()) % 10_000 < share * 10_000
+
+
+def write_rows(rows: list[dict[str, Any]], path: str) -> None:
+    """Rows as JSONL."""
+    Path(path).write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
 
 
 def has_quality(rows: list[dict[str, Any]]) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.policy import Policy
 from gateway.routing.features import extract
-from gateway.routing.learn.datafiles import body_of, has_quality, labels, load_rows, policy_from
+from gateway.routing.learn.datafiles import body_of, has_quality, labels, load_rows, policy_from, require_gain
 from gateway.routing.learn.ngram_fit import progress
 from gateway.routing.learn.quality import QualityReport, quantile_thresholds, report, table_rows
 from gateway.routing.resolve import Router, order_tier
@@ -31,6 +31,8 @@ def print_quality(name: str, found: QualityReport, threshold: float | None = Non
     """One report: the headline numbers against random routing, then the curve as a table."""
     print(f"\n{name}: {found.examples} prompts, quality weak {found.weak_quality:.3f}, "
           f"strong {found.strong_quality:.3f}")  # fmt: skip
+    if found.strong_quality <= found.weak_quality:
+        print("  (strong is judged no better than weak on these prompts: APGR and PGR are meaningless here)")
     print(f"  APGR       {found.apgr:.3f}   (random 0.500)")
     print(f"  CPT(50%)   {_pct(found.cpt50):>6}   (random 50.0%)")
     print(f"  CPT(80%)   {_pct(found.cpt80):>6}   (random 80.0%)")
@@ -165,6 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not has_quality(rows):
         _agreement(args, policy, rows)
         return 0
+    require_gain(rows, args.labeled)
     router = Router(policy)
     if router.classifier is None:
         raise SystemExit("the policy has no routing.classifier to evaluate")

@@ -22,7 +22,7 @@ import yaml
 
 from gateway.routing.classifiers.ngram import DEFAULT_WEIGHTS, Ngram
 from gateway.routing.features import extract
-from gateway.routing.learn.datafiles import body_of, has_quality
+from gateway.routing.learn.datafiles import body_of, has_quality, holdout_of, require_gain, write_rows
 from gateway.routing.learn.evaluate import plot_quality, print_quality, quality_by_bench, require_plot
 from gateway.routing.learn.ngram_fit import FitOptions, cross_validated_scores, fit, progress, target
 from gateway.routing.thresholds import threshold_for_share
@@ -35,6 +35,14 @@ def register_fit_options(parser: argparse.ArgumentParser) -> None:
         "--strong-share", type=float, default=0.3, help="ngram: the share the printed threshold sends strong"
     )
     parser.add_argument("--plot", help="ngram: write the held-out quality curve as a PNG")
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.0,
+        help="ngram, embedding: share of the rows (by id) kept out of the fit, for `route eval` to "
+        "compare old and new policies on (needs --holdout-out)",
+    )
+    parser.add_argument("--holdout-out", help="where --holdout writes the held-out rows (JSONL)")
     parser.add_argument("--neighbours", type=int, default=200, help="embedding: prompts that vote")
     parser.add_argument(
         "--combine",
@@ -47,11 +55,26 @@ def register_fit_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_rows(rows: list[dict[str, Any]]) -> None:
+def fit_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows a fit may use: checked, and without the ``--holdout`` share, which is written to
+    ``--holdout-out`` so old and new policies are compared on prompts the new one never saw."""
     if not rows:
         raise SystemExit("fit needs examples")
     if not has_quality(rows) and any(row.get("label") not in ("fast", "strong") for row in rows):
         raise SystemExit("every row needs per-model quality (`weak`, `strong`) or a label (fast|strong)")
+    if has_quality(rows):
+        require_gain(rows, args.labeled)
+    if not args.holdout:
+        return rows
+    if not args.holdout_out:
+        raise SystemExit("--holdout needs --holdout-out FILE: where the held-out rows go")
+    held = [row for row in rows if holdout_of(row, args.holdout)]
+    kept = [row for row in rows if not holdout_of(row, args.holdout)]
+    if not held or not kept:
+        raise SystemExit(f"--holdout {args.holdout} leaves {len(kept)} rows to fit and {len(held)} held out")
+    write_rows(held, args.holdout_out)
+    print(f"# {len(held)} rows held out in {args.holdout_out} (fitted on the other {len(kept)})")
+    return kept
 
 
 def _held_out(args: argparse.Namespace, rows: list[dict[str, Any]], scores: list[float]) -> None:
@@ -72,7 +95,7 @@ def _print_block(block: dict[str, Any], threshold: float, share: float) -> None:
 def cmd_fit_ngram(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     """Report held-out quality, fit on everything, write the weights."""
     require_plot(args.plot)
-    _check_rows(rows)
+    rows = fit_rows(args, rows)
     options = FitOptions(strong_share=args.strong_share)
     if args.l2 is not None:
         options = replace(options, l2=args.l2)
@@ -102,7 +125,7 @@ def cmd_fit_embedding(args: argparse.Namespace, rows: list[dict[str, Any]]) -> i
     from gateway.routing.static_embedder import EmbeddingUnavailable, load
 
     require_plot(args.plot)
-    _check_rows(rows)
+    rows = fit_rows(args, rows)
     if args.neighbours < 1:
         raise SystemExit("--neighbours is at least 1")
     try:
