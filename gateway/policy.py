@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gateway.dialects.responses_policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
+from gateway.providers.bedrock_policy import BedrockSettings, check_bedrock, fill_bedrock_defaults
 from gateway.providers.registry import PROVIDERS
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.policy import ReplicaSetPolicy, check_replicas, fill_replica_defaults, launch_issues
@@ -39,7 +40,8 @@ class Deployment(StrictModel):
 
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai",
-        description="Wire protocol family: openai, vllm (OpenAI's API) or anthropic (the Messages API).",
+        description="Wire protocol family: openai, vllm (OpenAI's API), anthropic (the Messages API) "
+        "or bedrock (AWS Bedrock's Converse API).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
@@ -93,6 +95,10 @@ class Deployment(StrictModel):
         "or translated to chat completions (translate). Default: native for provider openai, "
         "translate for the others.",
     )
+    bedrock: BedrockSettings | None = Field(
+        None,
+        description="Region, credentials profile and endpoint of a bedrock deployment (provider bedrock).",
+    )
     launch: VllmLaunch | None = Field(
         None, description="Start and supervise `vllm serve` for this deployment (provider vllm)."
     )
@@ -103,11 +109,12 @@ class Deployment(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _replica_defaults(cls, data: Any) -> Any:
-        return fill_replica_defaults(data)
+        return fill_bedrock_defaults(fill_replica_defaults(data))
 
     @model_validator(mode="after")
     def _replicas_coherent(self) -> Deployment:
         check_replicas(self)
+        check_bedrock(self.provider, self.base_url, self.bedrock)
         return self
 
     @field_validator("base_url")

@@ -12,5 +12,7 @@ PROVIDERS: dict[str, str] = {
     # A vLLM deployment is one URL or, with launch:/replicas:, a set of replicas the gateway watches.
     "vllm": "gateway.replicas.upstream:ReplicaSetUpstream",
     "anthropic": "gateway.providers.anthropic:AnthropicProvider",
+    # AWS Bedrock's Converse API, SigV4-signed (botocore, the [bedrock] extra).
+    "bedrock": "gateway.providers.bedrock:BedrockProvider",
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""

@@ -33,6 +33,8 @@ PROVIDER_PLACEMENT: dict[str, Placement] = {
     # The Messages API takes system text only at the top level; a later system message is
     # sent as a text block of the user turn it sits in, after its text or tool_result blocks.
     "anthropic": "after_last_turn",
+    # Converse, like the Messages API, sends a later system message as a text block of its turn.
+    "bedrock": "after_last_turn",
     # Many models' chat templates accept a system message only first (they raise otherwise).
     "vllm": "end_of_system",
 }
