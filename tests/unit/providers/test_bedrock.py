@@ -1,0 +1,167 @@
+"""The bedrock provider: its policy keys checked at load, SigV4 headers, errors as dispatch
+reads them, over MockTransport (the signature itself is verified by the fake runtime of
+the integration tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.config import PolicyError, parse_policy
+from gateway.errors import UpstreamError
+from gateway.policy import Deployment
+from gateway.providers.bedrock import BedrockProvider
+from gateway.providers.mock import MockRequest, MockResponse, MockTransport
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIDUNIT",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def parse(entry: str) -> Deployment:
+    policy = parse_policy(
+        f"deployments:\n  b: {entry}\ntiers: {{fast: [b], strong: [b]}}\n", "t.yaml", env={}
+    )
+    return policy.deployments["b"]
+
+
+def issues(entry: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        parse(entry)
+    return [str(issue) for issue in info.value.issues]
+
+
+def test_base_url_comes_from_the_region_or_the_endpoint() -> None:
+    public = parse("{provider: bedrock, model: amazon.nova-pro-v1:0, bedrock: {region: eu-west-1}}")
+    assert public.base_url == "https://bedrock-runtime.eu-west-1.amazonaws.com"
+    vpc = parse('{provider: bedrock, bedrock: {region: eu-west-1, endpoint_url: "https://vpce-1.example/"}}')
+    assert vpc.base_url == "https://vpce-1.example"
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            "{provider: bedrock, model: m}",
+            "deployments.b: Value error, provider bedrock needs a bedrock: section",
+        ),
+        (
+            "{provider: bedrock, bedrock: {region: mars}}",
+            "deployments.b.bedrock.region: Value error, not an AWS region",
+        ),
+        ("{provider: bedrock, bedrock: {}}", "deployments.b.bedrock.region: required key missing"),
+        ('{provider: bedrock, base_url: "https://x", bedrock: {region: us-east-1}}', "leave base_url out"),
+        (
+            '{provider: openai, base_url: "https://x", bedrock: {region: us-east-1}}',
+            "bedrock: needs provider: bedrock",
+        ),
+        (
+            "{provider: bedrock, bedrock: {region: us-east-1, profle: p}}",
+            "deployments.b.bedrock.profle: unknown key",
+        ),
+    ],
+)
+def test_bad_bedrock_settings_are_located_errors(entry: str, expected: str) -> None:
+    found = issues(entry)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_without_botocore_the_policy_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else real(name, *a)
+    )
+    (found,) = issues("{provider: bedrock, bedrock: {region: us-east-1}}")
+    assert found.endswith("pip install 'switchyard[bedrock]'")
+
+
+def provider(status: int = 200, body: Any = None, headers: dict[str, str] | None = None) -> BedrockProvider:
+    async def answer(request: MockRequest) -> MockResponse:
+        return MockResponse.json(body if body is not None else {}, status=status, headers=headers)
+
+    deployment = parse('{provider: bedrock, model: "anthropic.claude-v2:1", bedrock: {region: us-west-2}}')
+    return BedrockProvider("b", deployment, transport=MockTransport(answer))
+
+
+def send(upstream: BedrockProvider, *, stream: bool = False) -> Any:
+    prepared = upstream.prepare(
+        {"model": "b", "messages": [{"role": "user", "content": "hi"}]}, stream=stream, hints=None
+    )
+    return asyncio.run(
+        upstream.send("/chat/completions", prepared.body, headers={"x-request-id": "r1"}, connect_timeout_s=1)
+    )
+
+
+def test_requests_are_signed_for_bedrock_in_the_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**AWS, "AWS_SESSION_TOKEN": "session-token"}.items():
+        monkeypatch.setenv(name, value)
+    upstream = provider(body={"output": {"message": {"content": []}}})
+    send(upstream, stream=True)
+    transport = upstream.transport
+    assert isinstance(transport, MockTransport)
+    (request,) = transport.requests
+    assert request.endpoint == "/model/anthropic.claude-v2%3A1/converse-stream"
+    assert request.body == {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}
+    auth = request.headers["Authorization"]
+    assert (
+        auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDUNIT/") and "/us-west-2/bedrock/aws4_request" in auth
+    )
+    assert "SignedHeaders=content-type;host;x-amz-date;x-amz-security-token," in auth
+    assert request.headers["X-Amz-Security-Token"] == "session-token"
+    assert request.headers["x-request-id"] == "r1"
+
+
+def test_no_credentials_is_the_gateways_auth_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED"):
+        monkeypatch.setenv(name, AWS[name])
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
+    with pytest.raises(UpstreamError) as failed:
+        send(provider())
+    assert failed.value.failure == "upstream_auth_failed"
+    assert "found no AWS credentials" in failed.value.message
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "seen", "failure"),
+    [
+        (429, "ThrottlingException", 429, "429"),
+        (429, "ModelNotReadyException", 503, "503"),
+        (408, "ModelTimeoutException", 504, "504"),
+        (424, "ModelErrorException", 502, "502"),
+        (503, "ServiceUnavailableException", 503, "503"),
+        (400, "ValidationException", 400, "client_error"),
+        (403, "AccessDeniedException", 403, "upstream_auth_failed"),
+    ],
+)
+def test_errors_are_read_as_what_they_mean(
+    monkeypatch: pytest.MonkeyPatch, status: int, kind: str, seen: int, failure: str
+) -> None:
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    upstream = provider(
+        status, {"message": "why"}, {"x-amzn-ErrorType": f"{kind}:http://internal.amazon.com/coral/"}
+    )
+    resp = send(upstream)
+    assert resp.status == seen and upstream.status_failure(resp.status) == failure
+    error = orjson.loads(asyncio.run(resp.read()))["error"]
+    assert error["message"] == f"{kind}: why" and error["code"] == kind
+
+
+def test_error_named_only_in_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    resp = send(
+        provider(403, {"__type": "com.amazon.coral.service#UnrecognizedClientException", "message": "bad"})
+    )
+    assert orjson.loads(asyncio.run(resp.read()))["error"]["code"] == "UnrecognizedClientException"
