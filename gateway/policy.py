@@ -62,8 +62,9 @@ class Deployment(StrictModel):
     cache_breakpoints: bool | None = Field(
         None,
         description="Place Anthropic-style cache_control breakpoints at the end of the stable prefix "
-        "(provider anthropic: tools, stable system prompt, previous turn); default: on for "
-        "provider anthropic, off for the others.",
+        "(provider anthropic: tools, stable system prompt, previous turn; provider bedrock: "
+        "cachePoint blocks in the same places); default: on for providers anthropic and bedrock, "
+        "off for the others.",
     )
     cache_ttl: Literal["5m", "1h"] = Field(
         "5m", description="TTL of the breakpoints the gateway places (provider anthropic); 1h writes cost 2x."
@@ -82,7 +83,7 @@ class Deployment(StrictModel):
     structured_outputs: bool = Field(
         True,
         description="The model supports structured output (response_format json_schema); "
-        "when false such requests are refused with a 400 (provider anthropic).",
+        "when false such requests are refused with a 400 (providers anthropic and bedrock).",
     )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",
