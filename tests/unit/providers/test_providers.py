@@ -58,11 +58,11 @@ def test_status_classes() -> None:
 
 
 def test_policy_names_only_registered_providers() -> None:
-    assert set(PROVIDERS) == {"openai", "vllm", "anthropic"}
+    assert set(PROVIDERS) == {"openai", "vllm", "anthropic", "bedrock"}
     try:
-        deployment("bedrock")
+        deployment("nosuch")
     except PolicyError as exc:
-        assert "deployments.d.provider: Input should be 'openai', 'vllm' or 'anthropic'" in str(exc)
+        assert "deployments.d.provider: Input should be 'openai', 'vllm', 'anthropic' or 'bedrock'" in str(exc)
     else:
         raise AssertionError("an unknown provider was accepted")
 
