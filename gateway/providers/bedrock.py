@@ -26,7 +26,12 @@ from urllib.parse import quote
 
 import orjson
 
-from gateway.dialects.bedrock.request import to_converse_request, unsupported
+from gateway.dialects.bedrock.request import (
+    CACHE_POINT_SECTIONS,
+    model_family,
+    to_converse_request,
+    unsupported,
+)
 from gateway.dialects.bedrock.response import ConverseStreamScanner, error_body, to_chat_completion
 from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
@@ -172,8 +177,13 @@ class BedrockProvider(Provider):
 
     @property
     def places_cache_points(self) -> bool:
-        """Whether the gateway adds cache points (``cache_breakpoints``, on by default here)."""
-        return self.deployment.cache_breakpoints is not False
+        """Whether the gateway adds cache points: ``cache_breakpoints`` when the policy sets it,
+        else on for the model families with prompt caching (Claude, Nova); other models
+        answer a cache point with a ValidationException."""
+        chosen = self.deployment.cache_breakpoints
+        if chosen is not None:
+            return chosen
+        return model_family(self.upstream_model) in CACHE_POINT_SECTIONS
 
     def prepare(self, body: Mapping[str, Any], *, stream: bool, hints: CacheHints | None) -> PreparedRequest:
         try:

@@ -35,6 +35,19 @@ MAX_CACHE_POINTS = MAX_BREAKPOINTS
 
 CACHE_POINT: dict[str, Any] = {"cachePoint": {"type": "default"}}
 
+CACHE_POINT_SECTIONS = {"anthropic": ("tools", "system", "messages"), "nova": ("system", "messages")}
+"""Model families with prompt caching on Bedrock, and where they take cache points (Nova's
+tool definitions take none); other models refuse cache points."""
+
+
+def model_family(model_id: str) -> str:
+    """``anthropic``, ``nova``, ``meta``, ``mistral`` ... of a model id, an inference profile
+    id (``us.anthropic.claude-...``) or its ARN; ``""`` when the id does not say."""
+    for family, marker in (("anthropic", "anthropic."), ("nova", "amazon.nova"), ("meta", "meta.")):
+        if marker in model_id:
+            return family
+    return "mistral" if "mistral." in model_id else ""
+
 
 def unsupported(param: str, why: str) -> InvalidRequestError:
     """The 400 for a chat-completions parameter a Bedrock deployment cannot honour."""
@@ -47,8 +60,8 @@ class _Points:
     """Counts the cache points of one request so the limit is never passed (the first ones,
     in prefix order, are kept: each later one only extends a prefix already marked)."""
 
-    def __init__(self) -> None:
-        self.left = MAX_CACHE_POINTS
+    def __init__(self, left: int = MAX_CACHE_POINTS) -> None:
+        self.left = left
 
     def after(self, block: Mapping[str, Any], converted: dict[str, Any]) -> list[dict[str, Any]]:
         if "cache_control" not in block or self.left <= 0:
@@ -185,7 +198,8 @@ def to_converse_request(
 ) -> dict[str, Any]:
     """A chat-completions ``body`` as a Converse request body (``body`` is not changed).
     ``cache_points``: place the gateway's own cache points (the client's marks are always
-    kept); ``stable_chars``/``stable_parts``: shaping's stable part of the system prompt."""
+    kept, but never on the tools of a model family whose tools take none);
+    ``stable_chars``/``stable_parts``: shaping's stable part of the system prompt."""
     request = _messages_request(body, structured_outputs)
     if cache_points:
         system = request.get("system")
@@ -198,7 +212,9 @@ def to_converse_request(
             late_blocks=late_system_blocks(body.get("messages")),
         )
     points = _Points()  # used in prefix order: tools, system, messages
-    config = _tool_config(request, points) if request.get("tools") else None
+    family = model_family(model_id)
+    tool_points = points if "tools" in CACHE_POINT_SECTIONS.get(family, ("tools",)) else _Points(0)
+    config = _tool_config(request, tool_points) if request.get("tools") else None
     out: dict[str, Any] = {}
     system = [part for block in request.get("system") or () for part in _system_block(block, points)]
     if system:
@@ -212,7 +228,7 @@ def to_converse_request(
     if inference:
         out["inferenceConfig"] = inference
     if request.get("top_k") is not None:
-        if "anthropic." not in model_id:
+        if family != "anthropic":
             raise unsupported("top_k", "Converse has it only for Anthropic models")
         out["additionalModelRequestFields"] = {"top_k": request["top_k"]}
     if "output_config" in request:

@@ -252,3 +252,14 @@ def test_scanner_corrupt_frame_is_malformed_never_done() -> None:
     assert scanner.feed(event("metadata", {"usage": {}}, corrupt=True)) == b""
     assert scanner.malformed is not None and b"CRC" in scanner.malformed
     assert not scanner.done
+
+
+def test_nova_takes_no_cache_point_on_its_tools() -> None:
+    tools = [
+        {"type": "function", "function": {"name": "f", "description": LONG, "parameters": {"type": "object"}}}
+    ]
+    body = chat({"role": "user", "content": "x"}, tools=tools)
+    claude = converse(body, model_id="us.anthropic.claude-sonnet-4-20250514-v1:0")
+    assert claude["toolConfig"]["tools"][-1] == CACHE_POINT
+    nova = converse(body, model_id="amazon.nova-pro-v1:0")
+    assert CACHE_POINT not in nova["toolConfig"]["tools"]

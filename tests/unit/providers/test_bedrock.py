@@ -165,3 +165,21 @@ def test_error_named_only_in_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
         provider(403, {"__type": "com.amazon.coral.service#UnrecognizedClientException", "message": "bad"})
     )
     assert orjson.loads(asyncio.run(resp.read()))["error"]["code"] == "UnrecognizedClientException"
+
+
+@pytest.mark.parametrize(
+    ("model", "setting", "expected"),
+    [
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", "", True),
+        ("us.amazon.nova-lite-v1:0", "", True),
+        ("meta.llama3-1-70b-instruct-v1:0", "", False),
+        ("mistral.mistral-large-2407-v1:0", "", False),
+        ("meta.llama3-1-70b-instruct-v1:0", ", cache_breakpoints: true", True),
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", ", cache_breakpoints: false", False),
+    ],
+)
+def test_cache_points_by_default_only_where_the_model_caches(
+    model: str, setting: str, expected: bool
+) -> None:
+    deployment = parse(f'{{provider: bedrock, model: "{model}", bedrock: {{region: us-east-1}}{setting}}}')
+    assert BedrockProvider("b", deployment).places_cache_points is expected
