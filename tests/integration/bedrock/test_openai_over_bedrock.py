@@ -6,6 +6,8 @@ tokens, throttling retried; /v1/messages and /v1/responses over the same deploym
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,9 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from tests.fixtures.fake_bedrock import ACCESS_KEY, REGION, SECRET_KEY, TOOL_ARGUMENTS, FakeBedrock
 from tests.helpers import GatewayProcess
@@ -330,3 +335,27 @@ def test_responses_endpoint_over_bedrock(client: openai.OpenAI) -> None:
     )
     done = [e for e in events if e.type == "response.completed"]
     assert done and done[0].response.output_text == "echo: Stream it."
+
+
+def _signed_post(fake: FakeBedrock, secret: str, signed_body: bytes, sent_body: bytes) -> tuple[int, str]:
+    url = f"{fake.url}/model/{MODEL_ID.replace(':', '%3A')}/converse"
+    request = AWSRequest("POST", url, data=signed_body, headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(ACCESS_KEY, secret), "bedrock", REGION).add_auth(request)
+    post = urllib.request.Request(url, data=sent_body, method="POST", headers=dict(request.headers.items()))
+    try:
+        with urllib.request.urlopen(post, timeout=10) as resp:
+            return resp.status, resp.headers.get("x-amzn-ErrorType", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("x-amzn-ErrorType", "")
+
+
+def test_the_fake_refuses_a_wrong_secret_and_a_changed_body(fake: FakeBedrock) -> None:
+    """The signature check the other tests rely on can fail."""
+    fake.reset()
+    body = b'{"messages":[{"role":"user","content":[{"text":"hi"}]}]}'
+    assert _signed_post(fake, SECRET_KEY, body, body)[0] == 200
+    status, kind = _signed_post(fake, "not-the-secret", body, body)
+    assert status == 403 and kind.startswith("InvalidSignatureException")
+    status, kind = _signed_post(fake, SECRET_KEY, body, body.replace(b"hi", b"ho"))
+    assert status == 403 and kind.startswith("InvalidSignatureException")
+    assert fake.rejected_signatures == 2
