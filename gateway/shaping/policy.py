@@ -81,7 +81,7 @@ class ShapingPolicy(StrictModel):
     deployment_placement: dict[str, Placement] = Field(
         default_factory=dict,
         description="Per deployment, the latest placement its API and chat template accept "
-        "(default per provider: openai and anthropic after_last_turn, vllm end_of_system).",
+        "(default per provider: openai, anthropic and bedrock after_last_turn, vllm end_of_system).",
     )
     rag: RagPolicy = Field(default_factory=RagPolicy)
     prompt_cache_key: bool = True
