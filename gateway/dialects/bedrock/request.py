@@ -103,6 +103,8 @@ def _block(block: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "image":
         return _image(block)
     if kind == "tool_use":
+        if not isinstance(block.get("input"), dict):
+            raise InvalidRequestError("A tool_use block needs an input object.", param="messages")
         return {
             "toolUse": {
                 "toolUseId": block.get("id", ""),
@@ -176,6 +178,14 @@ def _inference_config(body: Mapping[str, Any], request: Mapping[str, Any]) -> di
 
 
 def _messages_request(body: Mapping[str, Any], structured_outputs: bool) -> dict[str, Any]:
+    stop = body.get("stop")
+    if not (
+        stop is None
+        or isinstance(stop, str)
+        or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        # The edge does not check it, and the shared translation would fail on it.
+        raise InvalidRequestError("'stop' must be a string or an array of strings.", param="stop")
     try:
         return to_messages_request(
             body, model="", default_max_tokens=1, structured_outputs=structured_outputs

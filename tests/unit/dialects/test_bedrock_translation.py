@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.dialects.bedrock.request import CACHE_POINT, to_converse_request
 from gateway.dialects.bedrock.response import ConverseStreamScanner, to_chat_completion
@@ -263,3 +266,53 @@ def test_nova_takes_no_cache_point_on_its_tools() -> None:
     assert claude["toolConfig"]["tools"][-1] == CACHE_POINT
     nova = converse(body, model_id="amazon.nova-pro-v1:0")
     assert CACHE_POINT not in nova["toolConfig"]["tools"]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+# Shapes the edge lets through (gateway/api/protocol.py): roles, content as a string or
+# typed parts, typed tools and options; everything inside them is arbitrary.
+_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "tool_use", "tool_result", "input_audio"])},
+    optional={"text": _json, "image_url": _json, "cache_control": _json, "input": _json, "content": _json},
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])},
+    optional={
+        "content": st.none() | st.text(max_size=5) | st.lists(_part, max_size=3),
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {"id": _json, "function": st.dictionaries(st.sampled_from(["name", "arguments"]), _json)}
+            ),
+            max_size=2,
+        ),
+        "tool_call_id": st.text(max_size=3),
+    },
+)
+_tool = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "web_search"])},
+    optional={"function": st.fixed_dictionaries({"name": st.text(min_size=1, max_size=3)}, optional={"parameters": _json})},
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"model": st.just("m"), "messages": st.lists(_message, min_size=1, max_size=5)},
+        optional={
+            "tools": st.lists(_tool, max_size=2),
+            "tool_choice": st.sampled_from(["auto", "none", "required", "x"]) | st.dictionaries(st.text(max_size=8), _json),
+            "stop": _json,
+            "response_format": st.dictionaries(st.sampled_from(["type", "json_schema"]), _json),
+            "max_tokens": st.integers(1, 10**6),
+            "temperature": st.floats(0, 2),
+            "top_k": _json,
+        },
+    )
+)
+def test_any_body_is_translated_or_refused_never_a_traceback(body: dict[str, Any]) -> None:
+    with contextlib.suppress(InvalidRequestError):
+        orjson.dumps(converse(body, stable_chars=3))
