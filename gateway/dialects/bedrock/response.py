@@ -68,6 +68,17 @@ def error_body(kind: str, message: str, status: int) -> dict[str, Any]:
     }
 
 
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` when ``obj`` is an object, else ``None`` (an answer of an odd shape is
+    read as far as it goes, never a traceback)."""
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
+def _block_index(event: dict[str, Any]) -> int:
+    index = event.get("contentBlockIndex")
+    return index if isinstance(index, int) else 0
+
+
 def completion_id() -> str:
     """An id for an answer (Converse answers carry none)."""
     return f"chatcmpl-{uuid.uuid4().hex}"
@@ -75,10 +86,10 @@ def completion_id() -> str:
 
 def to_chat_completion(answer: dict[str, Any], model: str) -> dict[str, Any]:
     """A Converse answer as a ``chat.completion`` object."""
-    message = (answer.get("output") or {}).get("message") or {}
+    content = _field(_field(answer.get("output"), "message"), "content")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in message.get("content") or ():
+    for block in content if isinstance(content, list) else ():
         if not isinstance(block, dict):
             continue
         if isinstance(block.get("text"), str):
@@ -200,10 +211,10 @@ class ConverseStreamScanner:
         if name == "messageStart":
             return [self._chunk({"role": "assistant", "content": ""})]
         if name == "contentBlockStart":
-            use = (event.get("start") or {}).get("toolUse")
+            use = _field(event.get("start"), "toolUse")
             if not isinstance(use, dict):
                 return []
-            index = self._tools[int(event.get("contentBlockIndex", 0))] = self._tool_index
+            index = self._tools[_block_index(event)] = self._tool_index
             self._tool_index += 1
             call = {
                 "index": index,
@@ -213,13 +224,13 @@ class ConverseStreamScanner:
             }
             return [self._chunk({"tool_calls": [call]})]
         if name == "contentBlockDelta":
-            delta = event.get("delta") or {}
-            if isinstance(delta.get("text"), str):
+            delta = event.get("delta")
+            if isinstance(_field(delta, "text"), str):
                 return [self._chunk({"content": delta["text"]})]
-            use = delta.get("toolUse")
+            use = _field(delta, "toolUse")
             if isinstance(use, dict):
                 # The arguments go on exactly as the model wrote them, fragment by fragment.
-                index = self._tools.get(int(event.get("contentBlockIndex", 0)), 0)
+                index = self._tools.get(_block_index(event), 0)
                 arguments = {"index": index, "function": {"arguments": str(use.get("input", ""))}}
                 return [self._chunk({"tool_calls": [arguments]})]
             return []  # reasoning and citations have no chat-completions equivalent

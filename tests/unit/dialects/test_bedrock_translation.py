@@ -316,3 +316,24 @@ _tool = st.fixed_dictionaries(
 def test_any_body_is_translated_or_refused_never_a_traceback(body: dict[str, Any]) -> None:
     with contextlib.suppress(InvalidRequestError):
         orjson.dumps(converse(body, stable_chars=3))
+
+
+_event_names = st.sampled_from(
+    ["messageStart", "contentBlockStart", "contentBlockDelta", "contentBlockStop", "messageStop", "metadata", "x"]
+)
+_event_body = st.dictionaries(
+    st.sampled_from(["contentBlockIndex", "start", "delta", "stopReason", "usage", "toolUse", "text", "input"]),
+    _json,
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_event_names, _event_body), max_size=6), _event_body)
+def test_any_converse_answer_or_event_is_read_never_a_traceback(
+    events: list[tuple[str, dict[str, Any]]], answer: dict[str, Any]
+) -> None:
+    scanner = ConverseStreamScanner(strip_usage=False, model="m")
+    for name, body in events:
+        scanner.feed(event(name, body))
+    to_chat_completion({"output": {"message": answer}, **answer}, "m")
