@@ -225,8 +225,9 @@ class ConverseStreamScanner:
             return [self._chunk({"tool_calls": [call]})]
         if name == "contentBlockDelta":
             delta = event.get("delta")
-            if isinstance(_field(delta, "text"), str):
-                return [self._chunk({"content": delta["text"]})]
+            text = _field(delta, "text")
+            if isinstance(text, str):
+                return [self._chunk({"content": text})]
             use = _field(delta, "toolUse")
             if isinstance(use, dict):
                 # The arguments go on exactly as the model wrote them, fragment by fragment.
