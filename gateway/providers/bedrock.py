@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.dialects.bedrock.eventstream import EventStreamDecoder, EventStreamError
 from gateway.dialects.bedrock.request import (
     CACHE_POINT_SECTIONS,
     model_family,
@@ -49,10 +50,13 @@ STATUS_OF = {
     "ModelNotReadyException": 503,
     "ModelTimeoutException": 504,
     "ModelErrorException": 502,
+    "ModelStreamErrorException": 502,
     "ServiceUnavailableException": 503,
     "ThrottlingException": 429,
+    "ValidationException": 400,
 }
-"""Bedrock errors whose wire status says something else to dispatch than what they mean."""
+"""Bedrock errors whose wire status says something else to dispatch than what they mean (and
+the status of a stream that opens with one of them as an exception frame; any other: 500)."""
 
 
 class _Converse(dict[str, Any]):
@@ -95,6 +99,74 @@ class _ErrorAnswer(TransportResponse):
 
     def release(self) -> None:
         self._resp.release()
+
+
+class _Replayed(TransportResponse):
+    """A stream whose first bytes were read to see its first frame: they come first again."""
+
+    def __init__(self, resp: TransportResponse, head: list[bytes], rest: AsyncIterator[bytes]) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = resp.headers
+        self._head = head
+        self._rest = rest
+
+    async def read(self) -> bytes:
+        return b"".join(self._head) + await self._resp.read()
+
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # A plain iterator, not an async generator: nothing left for the loop to finalise.
+        if self._head:
+            return self._head.pop(0)
+        return await anext(self._rest)
+
+    def complete(self) -> bool:
+        return not self._head and self._resp.complete()
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def release(self) -> None:
+        self._resp.release()
+
+
+async def open_stream(resp: TransportResponse) -> TransportResponse:
+    """``resp`` (a ConverseStream answer) once its first frame arrived: an exception frame
+    there (``throttlingException`` ...) becomes the error answer it stands for, so dispatch
+    treats it like the HTTP error of the same name (a throttled stream is rate limited: a
+    backoff, not a fault of the deployment). A corrupt or cut first frame is left to the
+    stream scanner, which reports it."""
+    chunks = resp.iter_chunks()
+    decoder = EventStreamDecoder()
+    head: list[bytes] = []
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        head.append(chunk)
+        try:
+            messages = decoder.feed(chunk)
+        except EventStreamError:
+            break
+        if not messages:
+            continue
+        first = messages[0]
+        if first.header(":message-type") in ("exception", "error"):
+            name = first.header(":exception-type") or first.header(":error-code") or "InternalServerException"
+            kind = name[:1].upper() + name[1:]
+            status, body = translate_error(
+                STATUS_OF.get(kind, 500), {"x-amzn-ErrorType": kind}, first.payload
+            )
+            return _ErrorAnswer(resp, status, body)
+        break
+    return _Replayed(resp, head, chunks)
 
 
 def error_kind(headers: Mapping[str, str], body: Any) -> str:
@@ -221,7 +293,7 @@ class BedrockProvider(Provider):
             path, body, headers={**headers, **signed}, connect_timeout_s=connect_timeout_s
         )
         if resp.status < 400:
-            return resp
+            return await open_stream(resp) if getattr(body, "stream", False) else resp
         data = await resp.read()
         status, translated = translate_error(resp.status, resp.headers, data)
         return _ErrorAnswer(resp, status, translated)

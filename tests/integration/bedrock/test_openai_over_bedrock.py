@@ -282,6 +282,14 @@ def test_stream_exception_before_the_first_event_is_retried(client: openai.OpenA
     assert len(fake.requests) == 2
 
 
+def test_stream_throttled_past_the_retries_is_a_429(client: openai.OpenAI, fake: FakeBedrock) -> None:
+    fake.fail_next("stream_throttle", 3)
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.chat.completions.create(model="claude-bedrock", messages=[{"role": "user", "content": "x"}], stream=True)
+    assert "ThrottlingException: Too many tokens" in limited.value.message
+    assert len(fake.requests) == 3
+
+
 def test_corrupt_first_frame_is_retried_never_a_success(client: openai.OpenAI, fake: FakeBedrock) -> None:
     fake.fail_next("corrupt_first")
     stream = client.chat.completions.create(
