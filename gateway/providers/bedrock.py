@@ -14,6 +14,7 @@ is rewritten to OpenAI's error object, and the status to what the error means fo
 (429 on the wire) 503, ``ModelTimeoutException`` (408) 504, ``ModelErrorException`` (424) 502,
 ``ServiceUnavailableException`` 503, ``ValidationException`` 400 (the client's, relayed),
 ``AccessDeniedException``/``UnrecognizedClientException`` 403 (the gateway's credentials).
+A stream that opens with an exception frame is read as that error (:func:`open_stream`).
 """
 
 from __future__ import annotations

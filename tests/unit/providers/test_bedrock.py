@@ -16,6 +16,7 @@ from gateway.errors import UpstreamError
 from gateway.policy import Deployment
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.mock import MockRequest, MockResponse, MockTransport
+from tests.fixtures.fake_bedrock import event, exception
 
 AWS = {
     "AWS_ACCESS_KEY_ID": "AKIDUNIT",
@@ -183,3 +184,51 @@ def test_cache_points_by_default_only_where_the_model_caches(
 ) -> None:
     deployment = parse(f'{{provider: bedrock, model: "{model}", bedrock: {{region: us-east-1}}{setting}}}')
     assert BedrockProvider("b", deployment).places_cache_points is expected
+
+
+def streaming(chunks: list[bytes]) -> BedrockProvider:
+    async def answer(request: MockRequest) -> MockResponse:
+        return MockResponse(200, {"Content-Type": "application/vnd.amazon.eventstream"}, chunks)
+
+    deployment = parse('{provider: bedrock, model: "anthropic.claude-v2:1", bedrock: {region: us-west-2}}')
+    return BedrockProvider("b", deployment, transport=MockTransport(answer))
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "failure"),
+    [
+        ("throttlingException", 429, "429"),
+        ("serviceUnavailableException", 503, "503"),
+        ("modelStreamErrorException", 502, "502"),
+        ("validationException", 400, "client_error"),
+        ("internalServerException", 500, "500"),
+    ],
+)
+def test_a_stream_opening_with_an_exception_is_that_error(
+    monkeypatch: pytest.MonkeyPatch, name: str, status: int, failure: str
+) -> None:
+    for key, value in AWS.items():
+        monkeypatch.setenv(key, value)
+    frame = exception(name, "no luck")
+    upstream = streaming([frame[:7], frame[7:]])
+    resp = send(upstream, stream=True)
+    assert resp.status == status and upstream.status_failure(resp.status) == failure
+    error = orjson.loads(asyncio.run(resp.read()))["error"]
+    assert error["code"] == name[0].upper() + name[1:] and error["message"].endswith(": no luck")
+
+
+def test_a_stream_that_opens_well_is_passed_on_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in AWS.items():
+        monkeypatch.setenv(key, value)
+    frames = [event("messageStart", {"role": "assistant"}), event("metadata", {"usage": {}})]
+    data = b"".join(frames)
+    chunks = [data[:5], data[5:30], data[30:]]
+
+    async def run() -> list[bytes]:
+        upstream = streaming(chunks)
+        prepared = upstream.prepare({"model": "b", "messages": [{"role": "user", "content": "hi"}]}, stream=True, hints=None)
+        resp = await upstream.send("/chat/completions", prepared.body, headers={}, connect_timeout_s=1)
+        assert resp.status == 200
+        return [chunk async for chunk in resp.iter_chunks()]
+
+    assert asyncio.run(run()) == chunks
