@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
+from yarl import URL
 
 from gateway.dialects.bedrock.eventstream import EventStreamDecoder, EventStreamError
 from gateway.dialects.bedrock.request import (
@@ -39,7 +40,7 @@ from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
 from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
 from gateway.providers.bedrock_policy import INSTALL_HINT, BedrockSettings
-from gateway.providers.transport import Transport, TransportResponse
+from gateway.providers.transport import HttpTransport, Transport, TransportResponse
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
@@ -289,7 +290,11 @@ class BedrockProvider(Provider):
             raise unsupported("endpoint", f"{endpoint} has no Converse equivalent")
         path = self._path + ("/converse-stream" if getattr(body, "stream", False) else "/converse")
         # The transport serialises the same mapping the same way: the signed bytes are the sent ones.
-        signed = await self._signer.headers(self.name, self.deployment.base_url + path, orjson.dumps(body))
+        url = self.deployment.base_url + path
+        if isinstance(self.transport, HttpTransport):
+            # aiohttp's URL parsing decodes %3A in a path: sign the path it will send.
+            url = str(URL(url))
+        signed = await self._signer.headers(self.name, url, orjson.dumps(body))
         resp = await self.transport.send(
             path, body, headers={**headers, **signed}, connect_timeout_s=connect_timeout_s
         )

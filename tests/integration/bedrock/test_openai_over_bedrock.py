@@ -5,6 +5,7 @@ tokens, throttling retried; /v1/messages and /v1/responses over the same deploym
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +20,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from gateway.config import parse_policy
+from gateway.providers.bedrock import BedrockProvider
 from tests.fixtures.fake_bedrock import ACCESS_KEY, REGION, SECRET_KEY, TOOL_ARGUMENTS, FakeBedrock
 from tests.helpers import GatewayProcess
 
@@ -367,3 +370,32 @@ def test_the_fake_refuses_a_wrong_secret_and_a_changed_body(fake: FakeBedrock) -
     status, kind = _signed_post(fake, SECRET_KEY, body, body.replace(b"hi", b"ho"))
     assert status == 403 and kind.startswith("InvalidSignatureException")
     assert fake.rejected_signatures == 2
+
+
+@pytest.mark.parametrize("upstream_client", ["http1", "aiohttp"])
+def test_both_upstream_clients_send_what_was_signed(
+    fake: FakeBedrock, monkeypatch: pytest.MonkeyPatch, upstream_client: str
+) -> None:
+    """A model id with ':' (%3A in the path) and an ARN-like one with '/' reach the runtime as signed."""
+    for name, value in {**AWS_ENV, "SWITCHYARD_UPSTREAM_CLIENT": upstream_client}.items():
+        monkeypatch.setenv(name, value)
+    fake.reset()
+
+    async def one(model: str) -> int:
+        deployment = parse_policy(
+            f'deployments:\n  b: {{provider: bedrock, model: "{model}", bedrock: {{region: {REGION}, endpoint_url: "{fake.url}"}}}}\n'
+            "tiers: {fast: [b], strong: [b]}\n",
+            "t.yaml",
+        ).deployments["b"]
+        provider = BedrockProvider("b", deployment)
+        prepared = provider.prepare({"model": "b", "messages": [{"role": "user", "content": "hi"}]}, stream=False, hints=None)
+        try:
+            resp = await provider.send("/chat/completions", prepared.body, headers={}, connect_timeout_s=5)
+            await resp.read()
+            return resp.status
+        finally:
+            await provider.close()
+
+    assert asyncio.run(one(MODEL_ID)) == 200
+    assert asyncio.run(one("arn:aws:bedrock:us-west-2:123456789012:inference-profile/us.anthropic.claude-x")) == 200
+    assert fake.rejected_signatures == 0
