@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -232,3 +233,13 @@ def test_a_stream_that_opens_well_is_passed_on_byte_for_byte(monkeypatch: pytest
         return [chunk async for chunk in resp.iter_chunks()]
 
     assert asyncio.run(run()) == chunks
+
+
+def test_the_documented_policy_snippet_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "providers.md").read_text()
+    section = text.split("## AWS Bedrock", 1)[1]
+    snippet = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    policy = parse_policy(snippet + "tiers: {strong: [claude-bedrock]}\n", "providers.md", env={})
+    deployment = policy.deployments["claude-bedrock"]
+    assert deployment.bedrock is not None and deployment.bedrock.profile == "prod"
+    assert deployment.base_url == deployment.bedrock.endpoint_url
