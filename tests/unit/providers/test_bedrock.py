@@ -239,7 +239,8 @@ def test_the_documented_policy_snippet_is_valid() -> None:
     text = (Path(__file__).resolve().parents[3] / "docs" / "providers.md").read_text()
     section = text.split("## AWS Bedrock", 1)[1]
     snippet = section.split("```yaml\n", 1)[1].split("```", 1)[0]
-    policy = parse_policy(snippet + "tiers: {strong: [claude-bedrock]}\n", "providers.md", env={})
+    tiers = "tiers: {fast: [claude-bedrock], strong: [claude-bedrock]}\n"
+    policy = parse_policy(snippet + tiers, "providers.md", env={})
     deployment = policy.deployments["claude-bedrock"]
     assert deployment.bedrock is not None and deployment.bedrock.profile == "prod"
     assert deployment.base_url == deployment.bedrock.endpoint_url
