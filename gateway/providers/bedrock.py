@@ -319,7 +319,8 @@ class BedrockProvider(Provider):
             raise failure(
                 "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
             ) from None
-        if not isinstance(answer, dict) or not isinstance((answer.get("output") or {}).get("message"), dict):
+        output = answer.get("output") if isinstance(answer, dict) else None
+        if not isinstance(output, dict) or not isinstance(output.get("message"), dict):
             raise failure(
                 "invalid_answer",
                 f"deployment '{name}' answered 200 with something other than a Converse answer",

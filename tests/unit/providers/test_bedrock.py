@@ -244,3 +244,10 @@ def test_the_documented_policy_snippet_is_valid() -> None:
     deployment = policy.deployments["claude-bedrock"]
     assert deployment.bedrock is not None and deployment.bedrock.profile == "prod"
     assert deployment.base_url == deployment.bedrock.endpoint_url
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"output": []}', b'{"output": {"message": "hi"}}'])
+def test_a_200_that_is_no_converse_answer_fails_the_attempt(body: bytes) -> None:
+    with pytest.raises(UpstreamError) as failed:
+        provider().read_answer(body, "application/json", None)
+    assert failed.value.failure in ("empty_answer", "invalid_answer")
