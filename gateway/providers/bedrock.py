@@ -31,6 +31,7 @@ from yarl import URL
 from gateway.dialects.bedrock.eventstream import EventStreamDecoder, EventStreamError
 from gateway.dialects.bedrock.request import (
     CACHE_POINT_SECTIONS,
+    cache_sections,
     model_family,
     to_converse_request,
     unsupported,
@@ -259,6 +260,11 @@ class BedrockProvider(Provider):
             return chosen
         return model_family(self.upstream_model) in CACHE_POINT_SECTIONS
 
+    @property
+    def cache_sections(self) -> tuple[str, ...]:
+        """Where this model takes cache points at all (a client's marks included)."""
+        return cache_sections(self.upstream_model, cache_breakpoints=self.deployment.cache_breakpoints)
+
     def prepare(self, body: Mapping[str, Any], *, stream: bool, hints: CacheHints | None) -> PreparedRequest:
         try:
             request = to_converse_request(
@@ -267,6 +273,7 @@ class BedrockProvider(Provider):
                 structured_outputs=self.deployment.structured_outputs,
                 cache_points=self.places_cache_points,
                 min_cache_tokens=self.deployment.min_cache_tokens,
+                sections=self.cache_sections,
                 stable_chars=hints.head_stable_chars if hints is not None else 0,
                 stable_parts=hints.head_stable_parts if hints is not None else 0,
             )

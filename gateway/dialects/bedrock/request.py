@@ -35,9 +35,21 @@ MAX_CACHE_POINTS = MAX_BREAKPOINTS
 
 CACHE_POINT: dict[str, Any] = {"cachePoint": {"type": "default"}}
 
-CACHE_POINT_SECTIONS = {"anthropic": ("tools", "system", "messages"), "nova": ("system", "messages")}
+ALL_SECTIONS = ("tools", "system", "messages")
+CACHE_POINT_SECTIONS = {"anthropic": ALL_SECTIONS, "nova": ("system", "messages")}
 """Model families with prompt caching on Bedrock, and where they take cache points (Nova's
 tool definitions take none); other models refuse cache points."""
+
+
+def cache_sections(model_id: str, *, cache_breakpoints: bool | None) -> tuple[str, ...]:
+    """Where a request to ``model_id`` may carry cache points at all (the gateway's or the
+    client's): its family's sections; for any other model none, unless the policy turns
+    them on (``cache_breakpoints: true``, e.g. for an application inference profile ARN,
+    which does not name its model)."""
+    known = CACHE_POINT_SECTIONS.get(model_family(model_id))
+    if known is not None:
+        return known
+    return ALL_SECTIONS if cache_breakpoints else ()
 
 
 def model_family(model_id: str) -> str:
@@ -203,13 +215,15 @@ def to_converse_request(
     structured_outputs: bool,
     cache_points: bool,
     min_cache_tokens: int,
+    sections: tuple[str, ...] = ALL_SECTIONS,
     stable_chars: int = 0,
     stable_parts: int = 0,
 ) -> dict[str, Any]:
     """A chat-completions ``body`` as a Converse request body (``body`` is not changed).
-    ``cache_points``: place the gateway's own cache points (the client's marks are always
-    kept, but never on the tools of a model family whose tools take none);
-    ``stable_chars``/``stable_parts``: shaping's stable part of the system prompt."""
+    ``cache_points``: place the gateway's own cache points (the client's ``cache_control``
+    marks become cache points too); ``sections``: where cache points may go at all
+    (:func:`cache_sections`); ``stable_chars``/``stable_parts``: shaping's stable part of
+    the system prompt."""
     request = _messages_request(body, structured_outputs)
     if cache_points:
         system = request.get("system")
@@ -221,16 +235,18 @@ def to_converse_request(
             ttl="5m",
             late_blocks=late_system_blocks(body.get("messages")),
         )
-    points = _Points()  # used in prefix order: tools, system, messages
+    # One count in prefix order (tools, system, messages); a section that takes none gets none.
+    points, none = _Points(), _Points(0)
     family = model_family(model_id)
-    tool_points = points if "tools" in CACHE_POINT_SECTIONS.get(family, ("tools",)) else _Points(0)
-    config = _tool_config(request, tool_points) if request.get("tools") else None
+    config = _tool_config(request, points if "tools" in sections else none) if request.get("tools") else None
     out: dict[str, Any] = {}
-    system = [part for block in request.get("system") or () for part in _system_block(block, points)]
+    system_points = points if "system" in sections else none
+    system = [part for block in request.get("system") or () for part in _system_block(block, system_points)]
     if system:
         out["system"] = system
+    message_points = points if "messages" in sections else none
     out["messages"] = [
-        {"role": m["role"], "content": _blocks(m["content"], points)} for m in request["messages"]
+        {"role": m["role"], "content": _blocks(m["content"], message_points)} for m in request["messages"]
     ]
     if config is not None:
         out["toolConfig"] = config

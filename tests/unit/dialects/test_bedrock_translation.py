@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.dialects.bedrock.request import CACHE_POINT, to_converse_request
+from gateway.dialects.bedrock.request import CACHE_POINT, cache_sections, to_converse_request
 from gateway.dialects.bedrock.response import ConverseStreamScanner, to_chat_completion
 from gateway.errors import InvalidRequestError
 from tests.fixtures.fake_bedrock import event, exception
@@ -262,10 +262,28 @@ def test_nova_takes_no_cache_point_on_its_tools() -> None:
         {"type": "function", "function": {"name": "f", "description": LONG, "parameters": {"type": "object"}}}
     ]
     body = chat({"role": "user", "content": "x"}, tools=tools)
-    claude = converse(body, model_id="us.anthropic.claude-sonnet-4-20250514-v1:0")
+    claude_id, nova_id = "us.anthropic.claude-sonnet-4-20250514-v1:0", "amazon.nova-pro-v1:0"
+    claude = converse(body, model_id=claude_id, sections=cache_sections(claude_id, cache_breakpoints=None))
     assert claude["toolConfig"]["tools"][-1] == CACHE_POINT
-    nova = converse(body, model_id="amazon.nova-pro-v1:0")
+    nova = converse(body, model_id=nova_id, sections=cache_sections(nova_id, cache_breakpoints=None))
     assert CACHE_POINT not in nova["toolConfig"]["tools"]
+
+
+@pytest.mark.parametrize(
+    ("model_id", "setting", "expected"),
+    [
+        ("meta.llama3-1-70b-instruct-v1:0", None, 0),
+        ("mistral.mistral-large-2407-v1:0", True, 1),
+        ("arn:aws:bedrock:us-east-1:1:application-inference-profile/abc", None, 0),
+        ("arn:aws:bedrock:us-east-1:1:application-inference-profile/abc", True, 1),
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", False, 1),
+    ],
+)
+def test_client_marks_reach_only_models_that_cache(model_id: str, setting: bool | None, expected: int) -> None:
+    marked = [{"type": "text", "text": "doc", "cache_control": {"type": "ephemeral"}}]
+    sections = cache_sections(model_id, cache_breakpoints=setting)
+    request = converse(chat({"role": "user", "content": marked}), model_id=model_id, cache_points=False, sections=sections)
+    assert points(request) == expected
 
 
 _json = st.recursive(
