@@ -13,7 +13,8 @@ is rewritten to OpenAI's error object, and the status to what the error means fo
 ``ThrottlingException`` 429 (rate limited, retried after a backoff), ``ModelNotReadyException``
 (429 on the wire) 503, ``ModelTimeoutException`` (408) 504, ``ModelErrorException`` (424) 502,
 ``ServiceUnavailableException`` 503, ``ValidationException`` 400 (the client's, relayed),
-``AccessDeniedException``/``UnrecognizedClientException`` 403 (the gateway's credentials).
+``AccessDeniedException``/``UnrecognizedClientException`` 403 (the gateway's credentials:
+``upstream_auth_failed``, raised here with an AWS hint).
 A stream that opens with an exception frame is read as that error (:func:`open_stream`).
 """
 
@@ -309,7 +310,19 @@ class BedrockProvider(Provider):
             return await open_stream(resp) if getattr(body, "stream", False) else resp
         data = await resp.read()
         status, translated = translate_error(resp.status, resp.headers, data)
+        if status in (401, 403):
+            resp.release()
+            raise self._refused_credentials(orjson.loads(translated)["error"]["code"])
         return _ErrorAnswer(resp, status, translated)
+
+    def _refused_credentials(self, kind: str) -> SwitchyardError:
+        # The shared row's hint names api_key_env; here it is AWS credentials and IAM. Bedrock's
+        # own text is left out: a signature error spells out the request it signed.
+        return failure(
+            "upstream_auth_failed",
+            f"deployment '{self.name}' was refused by Bedrock ({kind}): check the gateway's AWS "
+            f"credentials and that they may call bedrock:InvokeModel on {self.upstream_model}",
+        )
 
     def scanner(self, *, strip_usage: bool, shown_model: str | None) -> ConverseStreamScanner:
         return ConverseStreamScanner(strip_usage=strip_usage, model=shown_model or self.upstream_model)

@@ -274,6 +274,7 @@ def test_access_denied_is_the_gateways_fault(client: openai.OpenAI, fake: FakeBe
         client.chat.completions.create(model="claude-bedrock", messages=[{"role": "user", "content": "x"}])
     assert failed.value.status_code == 502
     assert failed.value.code == "upstream_auth_failed"
+    assert "AccessDeniedException" in failed.value.message and "bedrock:InvokeModel" in failed.value.message
 
 
 def test_stream_exception_before_the_first_event_is_retried(client: openai.OpenAI, fake: FakeBedrock) -> None:

@@ -143,7 +143,6 @@ def test_no_credentials_is_the_gateways_auth_failure(monkeypatch: pytest.MonkeyP
         (424, "ModelErrorException", 502, "502"),
         (503, "ServiceUnavailableException", 503, "503"),
         (400, "ValidationException", 400, "client_error"),
-        (403, "AccessDeniedException", 403, "upstream_auth_failed"),
     ],
 )
 def test_errors_are_read_as_what_they_mean(
@@ -163,10 +162,28 @@ def test_errors_are_read_as_what_they_mean(
 def test_error_named_only_in_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in AWS.items():
         monkeypatch.setenv(name, value)
-    resp = send(
-        provider(403, {"__type": "com.amazon.coral.service#UnrecognizedClientException", "message": "bad"})
-    )
-    assert orjson.loads(asyncio.run(resp.read()))["error"]["code"] == "UnrecognizedClientException"
+    resp = send(provider(400, {"__type": "com.amazon.coral.validate#ValidationException", "message": "bad"}))
+    assert orjson.loads(asyncio.run(resp.read()))["error"]["code"] == "ValidationException"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"x-amzn-ErrorType": "AccessDeniedException:http://internal.amazon.com/coral/"}, {"message": "no"}),
+        ({}, {"__type": "com.amazon.coral.service#UnrecognizedClientException", "message": "AKID..."}),
+    ],
+)
+def test_refused_credentials_are_the_gateways_fault_naming_aws(
+    monkeypatch: pytest.MonkeyPatch, headers: dict[str, str], body: dict[str, str]
+) -> None:
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UpstreamError) as failed:
+        send(provider(403, body, headers))
+    assert failed.value.failure == "upstream_auth_failed"
+    assert "check the gateway's AWS credentials" in failed.value.message
+    assert "bedrock:InvokeModel on anthropic.claude-v2:1" in failed.value.message
+    assert "AKID" not in failed.value.message
 
 
 @pytest.mark.parametrize(
