@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from gateway.dialects.responses.policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.providers.azure_policy import AzureSettings, check_azure
+from gateway.providers.bedrock_policy import BedrockSettings, check_bedrock, fill_bedrock_defaults
 from gateway.providers.gemini_policy import check_google
 from gateway.providers.presets import default_base_url
 from gateway.providers.registry import PROVIDERS
@@ -43,8 +44,8 @@ class Deployment(StrictModel):
     provider: Annotated[str, *one_of(tuple(PROVIDERS))] = Field(
         "openai",
         description="Wire protocol family: openai, vllm (OpenAI's API), anthropic (the Messages API), "
-        "azure (Azure OpenAI), gemini or vertex (Google's generateContent), or an OpenAI-compatible "
-        "provider with its quirks (docs/providers.md).",
+        "azure (Azure OpenAI), bedrock (AWS Bedrock's Converse API), gemini or vertex (Google's "
+        "generateContent), or an OpenAI-compatible provider with its quirks (docs/providers.md).",
     )
     model: str | None = Field(
         None, description="Model name sent upstream; defaults to the deployment's own name."
@@ -68,8 +69,9 @@ class Deployment(StrictModel):
     cache_breakpoints: bool | None = Field(
         None,
         description="Place Anthropic-style cache_control breakpoints at the end of the stable prefix "
-        "(provider anthropic: tools, stable system prompt, previous turn); default: on for "
-        "provider anthropic, off for the others.",
+        "(provider anthropic: tools, stable system prompt, previous turn; provider bedrock: "
+        "cachePoint blocks in the same places); default: on for providers anthropic and bedrock, "
+        "off for the others.",
     )
     cache_ttl: Literal["5m", "1h"] = Field(
         "5m", description="TTL of the breakpoints the gateway places (provider anthropic); 1h writes cost 2x."
@@ -88,7 +90,7 @@ class Deployment(StrictModel):
     structured_outputs: bool = Field(
         True,
         description="The model supports structured output (response_format json_schema); "
-        "when false such requests are refused with a 400 (provider anthropic).",
+        "when false such requests are refused with a 400 (providers anthropic and bedrock).",
     )
     google_auth: Literal["env", "metadata"] = Field(
         "env",
@@ -107,6 +109,10 @@ class Deployment(StrictModel):
         "or translated to chat completions (translate). Default: native for provider openai, "
         "translate for the others.",
     )
+    bedrock: BedrockSettings | None = Field(
+        None,
+        description="Region, credentials profile and endpoint of a bedrock deployment (provider bedrock).",
+    )
     launch: VllmLaunch | None = Field(
         None, description="Start and supervise `vllm serve` for this deployment (provider vllm)."
     )
@@ -124,13 +130,14 @@ class Deployment(StrictModel):
             preset_url = default_base_url(str(data.get("provider", "openai")))
             if preset_url is not None:
                 data = {**data, "base_url": preset_url}
-        return fill_replica_defaults(data)
+        return fill_bedrock_defaults(fill_replica_defaults(data))
 
     @model_validator(mode="after")
     def _replicas_coherent(self) -> Deployment:
         check_replicas(self)
         check_azure(self.provider, self.azure, self.api_key_env, self.base_url)
         check_google(self)
+        check_bedrock(self.provider, self.base_url, self.bedrock)
         return self
 
     @field_validator("base_url")

@@ -20,5 +20,7 @@ PROVIDERS: dict[str, str] = {
     # Google's Gemini API (an API key) and Gemini on Vertex AI (an OAuth token): one dialect.
     "gemini": "gateway.providers.gemini:GeminiProvider",
     "vertex": "gateway.providers.gemini:VertexProvider",
+    # AWS Bedrock's Converse API, SigV4-signed (botocore, the [bedrock] extra).
+    "bedrock": "gateway.providers.bedrock:BedrockProvider",
 }
 """Every provider a policy may name (the policy check rejects any other), with its adapter."""

@@ -36,6 +36,8 @@ PROVIDER_PLACEMENT: dict[str, Placement] = {
     # Gemini (and Vertex) take it the same way: a text part of the user turn it sits in.
     "gemini": "after_last_turn",
     "vertex": "after_last_turn",
+    # Converse, like the Messages API, sends a later system message as a text block of its turn.
+    "bedrock": "after_last_turn",
     # Many models' chat templates accept a system message only first (they raise otherwise).
     "vllm": "end_of_system",
 }
@@ -82,7 +84,7 @@ class ShapingPolicy(StrictModel):
     deployment_placement: dict[str, Placement] = Field(
         default_factory=dict,
         description="Per deployment, the latest placement its API and chat template accept "
-        "(default per provider: openai and anthropic after_last_turn, vllm end_of_system).",
+        "(default per provider: openai, anthropic and bedrock after_last_turn, vllm end_of_system).",
     )
     rag: RagPolicy = Field(default_factory=RagPolicy)
     prompt_cache_key: bool = True

@@ -59,9 +59,11 @@ def test_status_classes() -> None:
 
 
 def test_policy_names_only_registered_providers() -> None:
-    assert {"openai", "vllm", "anthropic", "azure", "deepseek", "gemini", "vertex"} <= set(PROVIDERS)
+    assert {"openai", "vllm", "anthropic", "azure", "deepseek", "gemini", "vertex", "bedrock"} <= set(
+        PROVIDERS
+    )
     try:
-        deployment("no-such-provider")
+        deployment("nosuch")
     except PolicyError as exc:
         assert "deployments.d.provider: Input should be 'openai', 'vllm', 'anthropic', 'azure'" in str(exc)
     else:

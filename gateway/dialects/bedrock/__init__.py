@@ -1,0 +1,1 @@
+"""AWS Bedrock's Converse API: the request, the answer, and ConverseStream's binary event stream."""
