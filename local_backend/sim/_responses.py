@@ -21,7 +21,7 @@ from gateway.errors import SwitchyardError
 from gateway.prompt_render import render_chat
 from gateway.providers.sse import StreamScanner
 from local_backend.sim._answers import make_choice
-from local_backend.sim._generate import _SSE_HEADERS, _Generation, chat_output
+from local_backend.sim._generate import _MALFORMED, _SSE_HEADERS, _Generation, chat_output
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -40,16 +40,19 @@ from local_backend.sim._tokens import choice_seed, prompt_seed
 
 class _EventWriter:
     """Stands in for the stream response the chat generation writes to: chat chunks in,
-    Responses events out (a malformed chunk goes out as it is, so the fault stays one)."""
+    Responses events out. The malformed-chunk fault's event goes out as it is, once, and
+    the translation goes on after it (as the chat stream does)."""
 
     def __init__(self, resp: web.StreamResponse, request: dict[str, Any], model: str) -> None:
         self._resp = resp
         self._scanner = ChatToResponsesScanner(request, StreamScanner(), model)
 
     async def write(self, data: bytes) -> None:
-        out = self._scanner.feed(data)
-        if self._scanner.malformed is not None:
-            out += self._scanner.malformed + b"\n\n"
+        # The generation writes whole events: the fault's event is never cut in two.
+        head, bad, rest = data.partition(_MALFORMED)
+        out = self._scanner.feed(head)
+        if bad:
+            out += bad + self._scanner.feed(rest)
         if out:
             await self._resp.write(out)
 
@@ -101,9 +104,14 @@ async def responses(call: Call) -> web.StreamResponse:
         gen.prefill()
         gen.schedule(gen.loop.time())
         if stream:
-            writer = _EventWriter(real, body, model)
-            call.response = writer  # type: ignore[assignment]  # the generation only writes to it
-            await gen.stream(include_usage=True)
+            # The generation writes to call.response: the translator, for the length of the
+            # stream only. A fault that ends it (reset_mid_stream) makes the endpoint's wrapper
+            # return call.response to aiohttp, which must then be the real response again.
+            call.response = _EventWriter(real, body, model)  # type: ignore[assignment]
+            try:
+                await gen.stream(include_usage=True)
+            finally:
+                call.response = real
             return real
         answer = await gen.unary()
     finally:
