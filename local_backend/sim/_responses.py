@@ -16,10 +16,8 @@ from aiohttp import web
 
 from gateway.dialects.responses.answer import from_chat
 from gateway.dialects.responses.request import to_chat
-from gateway.dialects.responses.stream import ChatToResponsesScanner
 from gateway.errors import SwitchyardError
 from gateway.prompt_render import render_chat
-from gateway.providers.sse import StreamScanner
 from local_backend.sim._answers import make_choice
 from local_backend.sim._generate import _MALFORMED, _SSE_HEADERS, _Generation, chat_output
 from local_backend.sim._request import (
@@ -35,29 +33,8 @@ from local_backend.sim._request import (
     reject,
     require_model,
 )
+from local_backend.sim._responses_events import EventWriter
 from local_backend.sim._tokens import choice_seed, prompt_seed
-
-
-class _EventWriter:
-    """Stands in for the stream response the chat generation writes to: chat chunks in,
-    Responses events out. The malformed-chunk fault's event goes out as it is, once, and
-    the translation goes on after it (as the chat stream does)."""
-
-    def __init__(self, resp: web.StreamResponse, request: dict[str, Any], model: str) -> None:
-        self._resp = resp
-        self._scanner = ChatToResponsesScanner(request, StreamScanner(), model)
-
-    async def write(self, data: bytes) -> None:
-        # The generation writes whole events: the fault's event is never cut in two.
-        head, bad, rest = data.partition(_MALFORMED)
-        out = self._scanner.feed(head)
-        if bad:
-            out += bad + self._scanner.feed(rest)
-        if out:
-            await self._resp.write(out)
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        await self._resp.write_eof(data)
 
 
 def _chat_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +84,7 @@ async def responses(call: Call) -> web.StreamResponse:
             # The generation writes to call.response: the translator, for the length of the
             # stream only. A fault that ends it (reset_mid_stream) makes the endpoint's wrapper
             # return call.response to aiohttp, which must then be the real response again.
-            call.response = _EventWriter(real, body, model)  # type: ignore[assignment]
+            call.response = EventWriter(real, body, model, _MALFORMED)  # type: ignore[assignment]
             try:
                 await gen.stream(include_usage=True)
             finally:
