@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from local_backend.sim._faults import FaultPlan
-from local_backend.sim._messages_cache import MessagesCache, prompt_bytes
+from local_backend.sim._messages_cache import MessagesCache, breakpoint_problem, prompt_bytes
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -94,6 +94,9 @@ def _check(body: dict[str, Any], count_only: bool) -> None:
         raise _bad("max_tokens: Field required")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise _bad("max_tokens: Input should be a positive integer")
+    problem = breakpoint_problem(body)
+    if problem is not None:
+        raise _bad(problem)
 
 
 def _cache(call: Call, model: str) -> MessagesCache:

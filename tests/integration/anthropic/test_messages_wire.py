@@ -65,3 +65,46 @@ def test_a_stop_sequence_is_reported_as_anthropic_does(client: anthropic.Anthrop
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "e")
     plain = client.messages.create(model="claude", max_tokens=200, messages=ASK)
     assert (plain.stop_reason, plain.stop_sequence) == ("end_turn", None)
+
+
+# --- cache marks: the client's TTLs and the gateway's in one order Anthropic accepts ---------
+# The simulator answers a request with marks out of order (or more than 4) with Anthropic's 400.
+
+SYSTEM = "You are a careful harbor guide who answers in one short paragraph. " * 80
+
+
+def _conversation(newest: dict[str, Any]) -> list[Any]:
+    return [
+        {"role": "user", "content": "Where is the lighthouse?"},
+        {"role": "assistant", "content": "On the north pier, past the ferry berth."},
+        {"role": "user", "content": [newest]},
+    ]
+
+
+def test_a_clients_1h_mark_on_the_newest_message_is_accepted(client: anthropic.Anthropic) -> None:
+    newest = {
+        "type": "text",
+        "text": "And when does it open?",
+        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+    }
+    for _ in range(2):  # the second reads what the first wrote
+        message = client.messages.create(
+            model="claude", max_tokens=32, system=SYSTEM, messages=_conversation(newest)
+        )
+    assert message.usage.cache_read_input_tokens
+
+
+def test_a_1h_deployment_with_the_clients_plain_system_mark_is_accepted(
+    both_sim: Any, make_gateway: Any
+) -> None:
+    from tests.integration.anthropic.conftest import policy
+
+    gw = make_gateway(policy(both_sim, ", cache_ttl: 1h"))
+    system: Any = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    newest = {"type": "text", "text": "And when does it open?"}
+    with anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0, timeout=15) as c:
+        message = c.messages.create(
+            model="claude", max_tokens=32, system=system, messages=_conversation(newest)
+        )
+    usage = message.usage
+    assert message.content and (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
