@@ -85,11 +85,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 def _check_input(body: dict[str, Any], max_items: int) -> None:
-    """``input`` is required (a stored ``prompt`` aside) and named as the Responses API names
-    it: the chat messages it is translated to are the gateway's business, not the client's.
-    The chat endpoint's message limit applies to input items (they become messages)."""
+    """``input`` is required (unless a stored ``prompt`` or ``conversation`` on OpenAI's side
+    supplies it) and named as the Responses API names it: the chat messages it is translated
+    to are the gateway's business, not the client's. The chat endpoint's message limit
+    applies to input items (they become messages)."""
     items = body.get("input")
-    if items is None and body.get("prompt") is None:
+    if items is None and body.get("prompt") is None and body.get("conversation") is None:
         raise InvalidRequestError(
             "Missing required parameter: 'input'.", param="input", code="missing_required_parameter"
         )
