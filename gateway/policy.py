@@ -98,6 +98,13 @@ class Deployment(StrictModel):
         "or from the GCP metadata server (metadata: GKE Workload Identity, Compute Engine, Cloud Run; "
         "refreshed before it expires; GCE_METADATA_HOST names another server).",
     )
+    temperature_with_top_p: bool | None = Field(
+        None,
+        description="The model accepts temperature and top_p in one request (provider anthropic); "
+        "when false a request with both is refused with a 400. Default: by model name, true for "
+        "Claude 3.x and the first Claude 4 models, false for Claude Opus 4.1, later models and "
+        "names it does not know.",
+    )
     response_model: Literal["upstream", "deployment", "requested"] = Field(
         "upstream",
         description="The `model` field clients see: the upstream's, this deployment's name, "

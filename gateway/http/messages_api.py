@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.api.protocol import ChatCompletionRequest
 from gateway.context import RequestContext
 from gateway.dialects.anthropic.inbound import estimate_tokens, to_chat_request, to_message
+from gateway.dialects.anthropic.response import MessagesStreamScanner
 from gateway.dialects.anthropic.sse import ChunksToEvents
 from gateway.dispatch.dispatcher import OpenStream
 from gateway.dispatch.fanout import timeout_override
@@ -67,6 +68,9 @@ async def _forward(
     request: web.Request, ctx: RequestContext, opened: OpenStream, events: ChunksToEvents
 ) -> web.StreamResponse:
     """Write the opened chat stream to the client as Anthropic events, until its end."""
+    if isinstance(opened.scanner, MessagesStreamScanner):
+        # An Anthropic upstream told the input tokens at its start: so does message_start.
+        events.start_usage = opened.scanner.start_usage
     return await forward_stream(
         request,
         ctx,

@@ -40,6 +40,9 @@ def error_response(exc: SwitchyardError, ctx: RequestContext | None = None) -> w
 def route_headers(ctx: RequestContext) -> dict[str, str]:
     """The ``x-switchyard-*`` headers that say how a request was routed and answered."""
     headers = {"x-request-id": ctx.request_id}
+    if ctx.endpoint.startswith("/v1/messages"):
+        # Anthropic's header: the anthropic SDKs read it into a response's _request_id.
+        headers["request-id"] = ctx.request_id
     if ctx.deployment is not None:
         headers["x-switchyard-model"] = ctx.deployment
         headers["x-switchyard-attempts"] = str(ctx.attempts)

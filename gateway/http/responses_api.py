@@ -37,7 +37,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     ctx.timeout_override = timeout_override(request.headers.get("x-switchyard-timeout"))
     stages = request.app[STAGES]
-    _check_input_size(body, stages.settings.max_messages)
+    _check_input(body, stages.settings.max_messages)
     store = _store(request)
     previous_id = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
@@ -84,9 +84,22 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return web.Response(body=result.body, headers=route_headers(ctx), content_type="application/json")
 
 
-def _check_input_size(body: dict[str, Any], max_items: int) -> None:
-    """The chat endpoint's message limit, applied to input items (they become messages)."""
+def _check_input(body: dict[str, Any], max_items: int) -> None:
+    """``input`` is required (unless a stored ``prompt`` or ``conversation`` on OpenAI's side
+    supplies it) and named as the Responses API names it: the chat messages it is translated
+    to are the gateway's business, not the client's. The chat endpoint's message limit
+    applies to input items (they become messages)."""
     items = body.get("input")
+    if items is None and body.get("prompt") is None and body.get("conversation") is None:
+        raise InvalidRequestError(
+            "Missing required parameter: 'input'.", param="input", code="missing_required_parameter"
+        )
+    if items == [] and body.get("previous_response_id") is None:
+        raise InvalidRequestError(
+            "Invalid 'input': empty array. Expected at least one input item.",
+            param="input",
+            code="empty_array",
+        )
     if isinstance(items, list) and len(items) > max_items:
         raise InvalidRequestError(
             f"Invalid 'input': array too long. Expected an array with at most {max_items} "

@@ -90,6 +90,7 @@ class AnthropicProvider(Provider):
                 model=self.upstream_model,
                 default_max_tokens=deployment.max_tokens,
                 structured_outputs=deployment.structured_outputs,
+                temperature_with_top_p=deployment.temperature_with_top_p,
             )
         except SwitchyardError as exc:
             return PreparedRequest(_Refused(exc))

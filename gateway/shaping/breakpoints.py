@@ -15,6 +15,10 @@ client's own marks (which are always kept):
 
 A single-turn request gets no mark on its messages: its question and documents change
 with every request, and a write costs 1.25x (5 min) or 2x (1 h) the input price.
+
+The marks stay valid with the client's: at most 4 in all (the client's own, also those
+inside tool results, counted first), and every 1-hour mark before every 5-minute one (a
+gateway mark takes the TTL the client's marks around it leave it, see :func:`_ttl_at`).
 """
 
 from __future__ import annotations
@@ -31,19 +35,62 @@ def _tokens(obj: Any) -> int:
     return len(orjson.dumps(obj)) // _BYTES_PER_TOKEN
 
 
-def count_marks(request: dict[str, Any]) -> int:
-    """``cache_control`` marks already in a Messages request (tools, system, message blocks)."""
-    found = sum(
-        1 for tool in request.get("tools") or () if isinstance(tool, dict) and "cache_control" in tool
-    )
+_Position = tuple[int, int, int, int]
+"""Where a mark sits in Anthropic's order: (tools 0 | system 1 | messages 2, item, block,
+nested block of a tool result, or _WHOLE for the block itself)."""
+_WHOLE = 1 << 30
+
+
+def _block_marks(where: _Position, block: Any, found: list[tuple[_Position, str]]) -> None:
+    if not isinstance(block, dict):
+        return
+    inner = block.get("content") if block.get("type") == "tool_result" else None
+    for k, nested in enumerate(inner if isinstance(inner, list) else ()):
+        if isinstance(nested, dict) and "cache_control" in nested:
+            found.append(((*where[:3], k), _ttl_of(nested["cache_control"])))
+    if "cache_control" in block:
+        found.append((where, _ttl_of(block["cache_control"])))
+
+
+def _ttl_of(mark: Any) -> str:
+    return "1h" if isinstance(mark, dict) and mark.get("ttl") == "1h" else "5m"
+
+
+def client_marks(request: dict[str, Any]) -> list[tuple[_Position, str]]:
+    """The ``cache_control`` marks already in a Messages request (tools, system, message
+    blocks and the blocks inside tool results: Anthropic counts them all), with their TTLs,
+    in Anthropic's order."""
+    found: list[tuple[_Position, str]] = []
+    for i, tool in enumerate(request.get("tools") or ()):
+        _block_marks((0, i, 0, _WHOLE), tool, found)
     system = request.get("system")
-    if isinstance(system, list):
-        found += sum(1 for block in system if isinstance(block, dict) and "cache_control" in block)
-    for message in request.get("messages") or ():
+    for j, block in enumerate(system if isinstance(system, list) else ()):
+        _block_marks((1, j, 0, _WHOLE), block, found)
+    for m, message in enumerate(request.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            found += sum(1 for block in content if isinstance(block, dict) and "cache_control" in block)
+        for b, block in enumerate(content if isinstance(content, list) else ()):
+            _block_marks((2, m, b, _WHOLE), block, found)
     return found
+
+
+def count_marks(request: dict[str, Any]) -> int:
+    """``cache_control`` marks already in a Messages request."""
+    return len(client_marks(request))
+
+
+def _ttl_at(where: _Position, client: list[tuple[_Position, str]], wanted: str) -> str | None:
+    """The TTL a gateway mark at ``where`` may have: Anthropic takes 1-hour marks only before
+    every 5-minute one. After a client's 5-minute mark it is 5 minutes, before a client's
+    1-hour mark 1 hour (the client chose that TTL for the prefix), between both nothing."""
+    after_5m = any(at < where and ttl == "5m" for at, ttl in client)
+    before_1h = any(at > where and ttl == "1h" for at, ttl in client)
+    if after_5m and before_1h:
+        return None
+    return "5m" if after_5m else "1h" if before_1h else wanted
+
+
+def _mark(ttl: str) -> dict[str, str]:
+    return {"type": "ephemeral", "ttl": ttl} if ttl != "5m" else {"type": "ephemeral"}
 
 
 def split_stable_system(system: list[dict[str, Any]], stable_chars: int, stable_parts: int) -> int:
@@ -90,18 +137,19 @@ def place_breakpoints(
     docstring); returns where (``tools``, ``system``, ``messages[i]``) for headers and tests.
     ``late_blocks``: trailing blocks of the last message that shaping put after the newest
     turn."""
-    free = MAX_BREAKPOINTS - count_marks(request)
+    client = client_marks(request)
+    free = MAX_BREAKPOINTS - len(client)
     if free <= 0:
         return []
-    mark = {"type": "ephemeral", "ttl": ttl} if ttl != "5m" else {"type": "ephemeral"}
     placed: list[str] = []
     prefix = 0
     tools = request.get("tools")
     if isinstance(tools, list) and tools:
         prefix += _tokens(tools)
         last = tools[-1]
-        if prefix >= min_tokens and isinstance(last, dict) and "cache_control" not in last:
-            tools[-1] = {**last, "cache_control": mark}
+        mark = _ttl_at((0, len(tools) - 1, 0, _WHOLE), client, ttl)
+        if prefix >= min_tokens and isinstance(last, dict) and "cache_control" not in last and mark:
+            tools[-1] = {**last, "cache_control": _mark(mark)}
             placed.append("tools")
     system = request.get("system")
     if isinstance(system, str):
@@ -109,8 +157,9 @@ def place_breakpoints(
     if isinstance(system, list) and stable_system_blocks and len(placed) < free:
         prefix += _tokens(system[:stable_system_blocks])
         last = system[stable_system_blocks - 1]
-        if prefix >= min_tokens and "cache_control" not in last:
-            system[stable_system_blocks - 1] = {**last, "cache_control": mark}
+        mark = _ttl_at((1, stable_system_blocks - 1, 0, _WHOLE), client, ttl)
+        if prefix >= min_tokens and "cache_control" not in last and mark:
+            system[stable_system_blocks - 1] = {**last, "cache_control": _mark(mark)}
             placed.append("system")
     if isinstance(system, list):
         prefix += _tokens(system[stable_system_blocks:])
@@ -125,9 +174,10 @@ def place_breakpoints(
         prefix += _tokens(messages[done_to:index]) + _tokens(content[: block_index + 1])
         done_to = index + 1
         block = content[block_index]
-        if prefix >= min_tokens and "cache_control" not in block:
+        mark = _ttl_at((2, index, block_index, _WHOLE), client, ttl)
+        if prefix >= min_tokens and "cache_control" not in block and mark:
             content = list(content)
-            content[block_index] = {**block, "cache_control": mark}
+            content[block_index] = {**block, "cache_control": _mark(mark)}
             messages[index] = {**messages[index], "content": content}
             placed.append(f"messages[{index}]")
     return placed

@@ -86,7 +86,9 @@ MODEL:SPEC[@RATE][#COUNT]`` and ``POST /sim/faults {"model", "fault", "rate", "c
   another chunk, then the end without the real ``[DONE]``), ``done_no_close`` (stream:
   a short answer and ``[DONE]``, then the connection held open until the client leaves),
   ``headers_hang`` (200 headers, then nothing until the client leaves). Without a
-  stream ``done_*`` answer normally. They speak OpenAI's wire format, on every endpoint.
+  stream ``done_*`` answer normally. They speak OpenAI's wire format, on every endpoint
+  (on ``/v1/responses`` a stream's good events are the Responses API's typed events, the
+  bad one as it is).
 - ``empty``: empty content, ``finish_reason`` stop. ``bad_json``: the content is a
   truncated ``{"answer": "...`` (JSON requested or not). ``length=N`` (default 3): the
   answer stops after N tokens with ``finish_reason`` length.

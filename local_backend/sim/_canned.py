@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from local_backend.sim._responses_events import EventWriter
+
 ANSWERING = ("empty_200", "error_200", "truncated_200", "invalid_200", "done_in_content", "done_no_close",
              "headers_hang")  # fmt: skip
 """The faults answered here (the first one given wins, like the other rejecting faults)."""
@@ -50,8 +52,8 @@ async def answer(
     whole = _whole(record["endpoint"], model, name)
     if not stream:
         if name == "headers_hang":
-            resp = web.StreamResponse(headers=_JSON)
-            await resp.prepare(request)
+            held = web.StreamResponse(headers=_JSON)
+            await held.prepare(request)
             await _hold_open()
         body = {
             "empty_200": b"",
@@ -61,8 +63,14 @@ async def answer(
         }.get(name, whole)
         finish(record, name)
         return web.Response(body=body, headers=_JSON)
-    resp = web.StreamResponse(headers=_SSE)
-    await resp.prepare(request)
+    real = web.StreamResponse(headers=_SSE)
+    await real.prepare(request)
+    # On /v1/responses: the same broken answer in the Responses API's typed events.
+    resp: web.StreamResponse | EventWriter = (
+        EventWriter(real, {"model": model}, model, _INVALID)
+        if record["endpoint"] == "/v1/responses"
+        else real
+    )
     events = _Chunks(model)
     if name == "error_200":
         await resp.write(b"data: " + orjson.dumps(_ERROR) + b"\n\n")
@@ -86,7 +94,7 @@ async def answer(
     # empty_200 (and the ones above that end early): the stream ends with no [DONE].
     await resp.write_eof()
     finish(record, name)
-    return resp
+    return real
 
 
 async def _hold_open() -> None:

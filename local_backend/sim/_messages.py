@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from local_backend.sim._faults import FaultPlan
-from local_backend.sim._messages_cache import MessagesCache, prompt_bytes
+from local_backend.sim._messages_cache import MessagesCache, breakpoint_problem, prompt_bytes
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -94,6 +94,9 @@ def _check(body: dict[str, Any], count_only: bool) -> None:
         raise _bad("max_tokens: Field required")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise _bad("max_tokens: Input should be a positive integer")
+    problem = breakpoint_problem(body)
+    if problem is not None:
+        raise _bad(problem)
 
 
 def _cache(call: Call, model: str) -> MessagesCache:
@@ -123,23 +126,26 @@ def _tool_to_call(body: dict[str, Any]) -> str | None:
 
 def _answer(
     body: dict[str, Any], seed: int, natural: int, plan: FaultPlan
-) -> tuple[dict[str, Any], int, str]:
-    """The content block, its output tokens and the stop reason."""
+) -> tuple[dict[str, Any], int, str, str | None]:
+    """The content block, its output tokens, the stop reason and the stop sequence that
+    ended the text (None when none did)."""
     tool = _tool_to_call(body)
     if tool is not None:
         block = {"type": "tool_use", "id": f"toolu_{seed:08x}", "name": tool, "input": {}}
-        return block, token_count(tool.encode() + b"{}"), "tool_use"
+        return block, token_count(tool.encode() + b"{}"), "tool_use", None
     tokens, reason = (0, "end_turn") if plan.empty else (natural, "end_turn")
     if plan.length_tokens is not None and plan.length_tokens < tokens:
         tokens, reason = plan.length_tokens, "max_tokens"
     if body["max_tokens"] < tokens:
         tokens, reason = body["max_tokens"], "max_tokens"
     text = answer_text(seed, tokens * BYTES_PER_TOKEN)
-    for stop in body.get("stop_sequences") or ():
-        cut = text.find(stop) if isinstance(stop, str) and stop else -1
-        if cut >= 0:
-            text, reason = text[:cut], "stop_sequence"
-    return {"type": "text", "text": text}, token_count(text.encode()), reason
+    # The stop sequence found first ends the text; the answer names it (``stop_sequence``).
+    found = [(text.find(s), s) for s in body.get("stop_sequences") or () if isinstance(s, str) and s]
+    hits = [(cut, stop) for cut, stop in found if cut >= 0]
+    if hits:
+        cut, stop = min(hits)
+        return {"type": "text", "text": text[:cut]}, token_count(text[:cut].encode()), "stop_sequence", stop
+    return {"type": "text", "text": text}, token_count(text.encode()), reason, None
 
 
 def _event(kind: str, payload: dict[str, Any]) -> bytes:
@@ -187,7 +193,9 @@ async def _messages(call: Call) -> web.StreamResponse:
     call.record["cached_tokens"] = cache.read
     await reject(plan, cache.total, "messages")
     seed = prompt_seed(prompt_bytes(body))
-    block, output_tokens, stop_reason = _answer(body, seed, natural_length(seed, profile.output_tokens), plan)
+    block, output_tokens, stop_reason, stop_sequence = _answer(
+        body, seed, natural_length(seed, profile.output_tokens), plan
+    )
     metrics = state.metrics_for(model)
     metrics.prompt_tokens += cache.total
     metrics.cache_queries += cache.total
@@ -210,7 +218,7 @@ async def _messages(call: Call) -> web.StreamResponse:
             "model": model,
             "content": [block],
             "stop_reason": stop_reason,
-            "stop_sequence": None,
+            "stop_sequence": stop_sequence,
             "usage": cache.usage(output_tokens),
         }
         if body.get("stream") is True:
@@ -276,7 +284,7 @@ async def _stream(
         + _event(
             "message_delta",
             {
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
                 "usage": {"output_tokens": usage["output_tokens"]},
             },
         )

@@ -92,6 +92,50 @@ def _blocks(request: dict[str, Any]) -> tuple[list[_Block], bytes]:
     return out, bytes(prompt)
 
 
+MAX_BREAKPOINTS = 4
+
+
+def _mark_ttls(request: dict[str, Any]) -> list[str]:
+    """The TTL of every ``cache_control`` mark, in Anthropic's order (tools, system, messages;
+    a tool result's own blocks before the result)."""
+    ttls: list[str] = []
+
+    def visit(block: Any) -> None:
+        if not isinstance(block, dict):
+            return
+        inner = block.get("content") if block.get("type") == "tool_result" else None
+        for nested in inner if isinstance(inner, list) else ():
+            visit(nested)
+        mark = block.get("cache_control")
+        if isinstance(mark, dict):
+            ttls.append("1h" if mark.get("ttl") == "1h" else "5m")
+
+    for tool in request.get("tools") or ():
+        visit(tool)
+    system = request.get("system")
+    for block in system if isinstance(system, list) else ():
+        visit(block)
+    for message in request.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            visit(block)
+    return ttls
+
+
+def breakpoint_problem(request: dict[str, Any]) -> str | None:
+    """Anthropic's 400 message for a request's ``cache_control`` marks (more than 4, or a
+    1-hour mark after a 5-minute one), None when they are valid."""
+    ttls = _mark_ttls(request)
+    if len(ttls) > MAX_BREAKPOINTS:
+        return f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(ttls)}."
+    if "5m" in ttls and "1h" in ttls[ttls.index("5m") :]:
+        return (
+            "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
+            "Note that blocks are processed in the following order: `tools`, `system`, `messages`."
+        )
+    return None
+
+
 def prompt_bytes(request: dict[str, Any]) -> bytes:
     """The bytes a request's tokens are counted from (and its answer seeded by)."""
     return _blocks(request)[1]

@@ -16,12 +16,10 @@ from aiohttp import web
 
 from gateway.dialects.responses.answer import from_chat
 from gateway.dialects.responses.request import to_chat
-from gateway.dialects.responses.stream import ChatToResponsesScanner
 from gateway.errors import SwitchyardError
 from gateway.prompt_render import render_chat
-from gateway.providers.sse import StreamScanner
 from local_backend.sim._answers import make_choice
-from local_backend.sim._generate import _SSE_HEADERS, _Generation, chat_output
+from local_backend.sim._generate import _MALFORMED, _SSE_HEADERS, _Generation, chat_output
 from local_backend.sim._request import (
     JSON_TYPE,
     Call,
@@ -35,26 +33,8 @@ from local_backend.sim._request import (
     reject,
     require_model,
 )
+from local_backend.sim._responses_events import EventWriter
 from local_backend.sim._tokens import choice_seed, prompt_seed
-
-
-class _EventWriter:
-    """Stands in for the stream response the chat generation writes to: chat chunks in,
-    Responses events out (a malformed chunk goes out as it is, so the fault stays one)."""
-
-    def __init__(self, resp: web.StreamResponse, request: dict[str, Any], model: str) -> None:
-        self._resp = resp
-        self._scanner = ChatToResponsesScanner(request, StreamScanner(), model)
-
-    async def write(self, data: bytes) -> None:
-        out = self._scanner.feed(data)
-        if self._scanner.malformed is not None:
-            out += self._scanner.malformed + b"\n\n"
-        if out:
-            await self._resp.write(out)
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        await self._resp.write_eof(data)
 
 
 def _chat_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -101,9 +81,14 @@ async def responses(call: Call) -> web.StreamResponse:
         gen.prefill()
         gen.schedule(gen.loop.time())
         if stream:
-            writer = _EventWriter(real, body, model)
-            call.response = writer  # type: ignore[assignment]  # the generation only writes to it
-            await gen.stream(include_usage=True)
+            # The generation writes to call.response: the translator, for the length of the
+            # stream only. A fault that ends it (reset_mid_stream) makes the endpoint's wrapper
+            # return call.response to aiohttp, which must then be the real response again.
+            call.response = EventWriter(real, body, model, _MALFORMED)  # type: ignore[assignment]
+            try:
+                await gen.stream(include_usage=True)
+            finally:
+                call.response = real
             return real
         answer = await gen.unary()
     finally:

@@ -249,16 +249,33 @@ def to_message(completion: Mapping[str, Any], model: str) -> dict[str, Any]:
                 "input": arguments,
             }
         )
+    stop_reason, stop_sequence = stop_of(choice)
     return {
-        "id": "msg_" + str(completion.get("id", "")).removeprefix("msg_"),
+        "id": message_id(completion.get("id")),
         "type": "message",
         "role": "assistant",
         "model": completion.get("model") or model,
         "content": content,
-        "stop_reason": FINISH_TO_STOP.get(str(choice.get("finish_reason")), "end_turn"),
-        "stop_sequence": None,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": anthropic_usage(completion.get("usage")),
     }
+
+
+def message_id(chat_id: Any) -> str:
+    """A Messages id for a chat answer's id (an Anthropic upstream's ``msg_`` id kept as it is)."""
+    return "msg_" + str(chat_id or "").removeprefix("msg_")
+
+
+def stop_of(choice: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(stop_reason, stop_sequence)`` of a chat choice. A stop string that ended the answer
+    is in the choice's ``stop_reason`` (vLLM's field; the anthropic provider fills it from
+    Anthropic's ``stop_sequence``): then the reason is ``stop_sequence``."""
+    finish = choice.get("finish_reason")
+    sequence = choice.get("stop_reason")
+    if finish == "stop" and isinstance(sequence, str):
+        return "stop_sequence", sequence
+    return FINISH_TO_STOP.get(str(finish), "end_turn"), None
 
 
 def estimate_tokens(body: Mapping[str, Any]) -> int:

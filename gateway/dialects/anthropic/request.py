@@ -8,9 +8,11 @@ calls -> ``tool_use`` blocks, ``tool`` messages -> ``tool_result`` blocks, ``too
 ``temperature``, ``top_p``, ``user``, ``response_format`` json_schema (structured output).
 ``cache_control`` marks a client put on parts or tools are kept.
 
-What is refused (400): ``n`` > 1, ``logprobs``/``top_logprobs``, audio output, and
+What is refused (400): ``n`` > 1, ``logprobs``/``top_logprobs``, audio output,
 ``response_format`` ``json_object`` (or ``json_schema`` where the deployment has no
-structured output). Sampling knobs Anthropic has no equivalent for (``frequency_penalty``,
+structured output), ``temperature`` above 1 (Anthropic's range is 0-1, OpenAI's 0-2), and
+``temperature`` with ``top_p`` for a model that takes only one of them (Claude Opus 4.1
+and later). Sampling knobs Anthropic has no equivalent for (``frequency_penalty``,
 ``presence_penalty``, ``seed``, ``logit_bias``) are dropped.
 """
 
@@ -214,6 +216,46 @@ def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
     return out
 
 
+_BOTH_SAMPLERS = (
+    "claude-2",
+    "claude-instant",
+    "claude-3",
+    "claude-opus-4-0",
+    "claude-sonnet-4-0",
+    "claude-opus-4-2025",
+    "claude-sonnet-4-2025",
+)
+"""Model-name prefixes of the Claude models that take ``temperature`` and ``top_p`` in one
+request. Claude Opus 4.1 and every model since answer such a request with a 400."""
+
+
+def takes_temperature_with_top_p(model: str) -> bool:
+    """Whether the Anthropic ``model`` accepts ``temperature`` and ``top_p`` together (the
+    default of a deployment's ``temperature_with_top_p``); an unknown name is taken to be a
+    recent model, which does not."""
+    return model in ("claude-opus-4", "claude-sonnet-4") or model.startswith(_BOTH_SAMPLERS)
+
+
+def _sampling_refusals(body: Mapping[str, Any], model: str, temperature_with_top_p: bool) -> None:
+    """OpenAI's sampling values that Anthropic's API would answer with a 400, refused here with
+    the reason (the client can fix them; the gateway cannot guess which one was meant)."""
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and temperature > 1:
+        raise InvalidRequestError(
+            f"temperature {temperature} is above 1, the top of Anthropic's range (0 to 1; OpenAI's "
+            "is 0 to 2): send a value from 0 to 1 for Anthropic deployments.",
+            param="temperature",
+            code="unsupported_parameter",
+        )
+    if temperature is not None and body.get("top_p") is not None and not temperature_with_top_p:
+        raise InvalidRequestError(
+            f"'temperature' and 'top_p' cannot both be sent to the Anthropic model {model!r}: send one "
+            "of them (a deployment whose model accepts both sets temperature_with_top_p: true).",
+            param="top_p",
+            code="unsupported_parameter",
+        )
+
+
 def _refusals(body: Mapping[str, Any], structured_outputs: bool) -> dict[str, Any] | None:
     """Raise for what cannot be translated; return the structured-output format, if any."""
     n = body.get("n")
@@ -243,10 +285,19 @@ def _refusals(body: Mapping[str, Any], structured_outputs: bool) -> dict[str, An
 
 
 def to_messages_request(
-    body: Mapping[str, Any], *, model: str, default_max_tokens: int, structured_outputs: bool
+    body: Mapping[str, Any],
+    *,
+    model: str,
+    default_max_tokens: int,
+    structured_outputs: bool,
+    temperature_with_top_p: bool | None = None,
 ) -> dict[str, Any]:
-    """A chat-completions ``body`` as a Messages API request body (``body`` is not changed)."""
+    """A chat-completions ``body`` as a Messages API request body (``body`` is not changed).
+    ``temperature_with_top_p``: whether ``model`` takes both (None: by its name)."""
     output_format = _refusals(body, structured_outputs)
+    if temperature_with_top_p is None:
+        temperature_with_top_p = takes_temperature_with_top_p(model)
+    _sampling_refusals(body, model, temperature_with_top_p)
     chat_messages = body.get("messages")
     if not isinstance(chat_messages, list):
         raise InvalidRequestError("'messages' must be an array.", param="messages")

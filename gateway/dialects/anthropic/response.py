@@ -88,10 +88,19 @@ def to_chat_completion(message: dict[str, Any], model: str | None) -> dict[str, 
                 "message": reply,
                 "logprobs": None,
                 "finish_reason": STOP_REASONS.get(str(message.get("stop_reason")), "stop"),
+                **_stop_sequence(message.get("stop_reason"), message.get("stop_sequence")),
             }
         ],
         "usage": openai_usage(usage) if isinstance(usage, dict) else None,
     }
+
+
+def _stop_sequence(reason: Any, sequence: Any) -> dict[str, Any]:
+    """The stop sequence that ended the answer as a chat choice's ``stop_reason`` (vLLM's
+    field for the stop string that matched), so /v1/messages can report it back."""
+    if reason == "stop_sequence" and isinstance(sequence, str):
+        return {"stop_reason": sequence}
+    return {}
 
 
 def openai_error(event: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +130,7 @@ class MessagesStreamScanner:
         "done",
         "error",
         "malformed",
+        "start_usage",
         "usage",
     )
 
@@ -139,6 +149,9 @@ class MessagesStreamScanner:
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.malformed: bytes | None = None
+        self.start_usage: dict[str, Any] | None = None
+        """The usage ``message_start`` reported (Anthropic's shape: the input tokens are
+        known before the first token), for /v1/messages to report as early."""
 
     @property
     def pending(self) -> bytes:
@@ -166,13 +179,14 @@ class MessagesStreamScanner:
             self.chunks += 1
         return b"".join(out)
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
         obj = {
             "id": self._id,
             "object": "chat.completion.chunk",
             "created": self._created,
             "model": self._model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [choice],
         }
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -184,6 +198,7 @@ class MessagesStreamScanner:
             if self._model is None:
                 self._model = message.get("model")
             self._usage.update(message.get("usage") or {})
+            self.start_usage = dict(self._usage)
             return [self._chunk({"role": "assistant", "content": ""})]
         if kind == "content_block_start":
             block = event.get("content_block") or {}
@@ -207,9 +222,10 @@ class MessagesStreamScanner:
             return []  # thinking and signature deltas have no chat-completions equivalent
         if kind == "message_delta":
             self._usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
-            reason = (event.get("delta") or {}).get("stop_reason")
+            delta = event.get("delta") or {}
+            reason = delta.get("stop_reason")
             self._finish = STOP_REASONS.get(str(reason), "stop")
-            return [self._chunk({}, self._finish)]
+            return [self._chunk({}, self._finish, **_stop_sequence(reason, delta.get("stop_sequence")))]
         if kind == "message_stop":
             self.done = True
             self.usage = openai_usage(self._usage)

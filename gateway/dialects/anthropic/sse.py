@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects.anthropic.inbound import FINISH_TO_STOP, anthropic_usage
+from gateway.dialects.anthropic.inbound import anthropic_usage, message_id, stop_of
 from gateway.providers.sse import complete_events, event_data
 
 
@@ -26,7 +26,10 @@ class ChunksToEvents:
         self._started = False
         self._open: tuple[str, int] | None = None  # ("text" | "tool", OpenAI tool index)
         self._index = -1
-        self._stop = "end_turn"
+        self._stop: tuple[str, str | None] = ("end_turn", None)
+        self.start_usage: dict[str, Any] | None = None
+        """The usage an Anthropic upstream reported at its start (set before the first
+        event goes out): ``message_start`` then carries its input tokens, as Anthropic's does."""
         self._usage: dict[str, Any] | None = None
         self._tail = b""
         self.finished = False
@@ -54,14 +57,14 @@ class ChunksToEvents:
             return []
         self._started = True
         message: dict[str, Any] = {
-            "id": "msg_" + str(obj.get("id", "")),
+            "id": message_id(obj.get("id")),
             "type": "message",
             "role": "assistant",
             "model": obj.get("model") or self.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": 0, "output_tokens": 0, **(self.start_usage or {})},
         }
         return [event("message_start", {"message": message})]
 
@@ -92,7 +95,7 @@ class ChunksToEvents:
             for call in delta.get("tool_calls") or ():
                 out += self._tool_delta(call)
             if choice.get("finish_reason"):
-                self._stop = FINISH_TO_STOP.get(str(choice["finish_reason"]), "end_turn")
+                self._stop = stop_of(choice)
         return out
 
     def _tool_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -123,7 +126,7 @@ class ChunksToEvents:
         out = self._start({})
         out += self._close()
         usage = anthropic_usage(self._usage)
-        delta = {"delta": {"stop_reason": self._stop, "stop_sequence": None}, "usage": usage}
+        delta = {"delta": {"stop_reason": self._stop[0], "stop_sequence": self._stop[1]}, "usage": usage}
         out += [event("message_delta", delta), event("message_stop", {})]
         return b"".join(out)
 

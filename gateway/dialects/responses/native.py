@@ -2,8 +2,10 @@
 
 The stream is typed SSE events ending with ``response.completed`` (or ``.incomplete``,
 ``.failed``, or an ``error`` event); there is no ``[DONE]``. The scanner cuts it at event
-boundaries, rewrites ``model`` when asked, and parses only the terminal events (usage and
-the finished ``response`` for the store).
+boundaries, checks that every event's data is a JSON object (as chat events are checked:
+a malformed one fails the attempt before the first byte, and ends the stream with an
+``error`` event after it), rewrites ``model`` when asked, and reads the terminal events
+(usage and the finished ``response`` for the store).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import orjson
 from gateway.dialects.responses.stream import sse_event
 from gateway.dialects.responses.wire import chat_usage
 from gateway.errors import SwitchyardError
+from gateway.providers.sse import event_data
 
-_TERMINAL = (b"response.completed", b"response.incomplete", b"response.failed")
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 class NativeResponsesScanner:
@@ -72,6 +75,8 @@ class NativeResponsesScanner:
         )
 
     def feed(self, chunk: bytes) -> bytes:
+        if self.malformed is not None:
+            return b""  # nothing after a malformed event is forwarded
         data = self._tail + chunk if self._tail else chunk
         if self.chunks == 0 and b"\r\n" in data[:200]:
             self._sep = b"\r\n\r\n"
@@ -86,38 +91,37 @@ class NativeResponsesScanner:
         for event in block.split(self._sep):
             if not event:
                 continue
-            if event[0] != 0x3A and event[-1] != 0x7D:  # neither a comment nor ending in a JSON object
+            payload = event_data(event)
+            if payload is None:  # a comment or an event without data: passed through
+                kept.append(event + self._sep)
+                continue
+            # Every event's data must be a JSON object (one parse, as chat events get): one
+            # that only looks like one reaches the client's SDK as a raw JSONDecodeError.
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict):
                 self.malformed = event[:200]
+                self._tail = b""
                 break
             self.events += 1
-            head = event[:80]
-            if b"error" in head or any(t in head for t in _TERMINAL):
-                self._inspect(event)
+            if obj.get("type") in _TERMINAL or obj.get("type") == "error":
+                self._inspect(obj)
             kept.append(event + self._sep)
         out = b"".join(kept)
         for old, new in self._replace:
             out = out.replace(old, new)
         return out
 
-    def _inspect(self, event: bytes) -> None:
-        payload = b"\n".join(
-            line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
-        )
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(obj, dict):
-            return
+    def _inspect(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
         if kind == "error":
             self.error = obj
             self.done = True
             return
         response = obj.get("response")
-        if kind in ("response.completed", "response.incomplete", "response.failed") and isinstance(
-            response, dict
-        ):
+        if isinstance(response, dict):
             self.done = True
             self.usage = chat_usage(response.get("usage"))
             if kind == "response.failed":

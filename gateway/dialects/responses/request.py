@@ -126,6 +126,12 @@ def _text_of(content: Any, param: str) -> str | list[dict[str, Any]]:
             parts.append({"type": "text", "text": part.get("text", "")})
         elif kind == "refusal":
             parts.append({"type": "text", "text": part.get("refusal", "")})
+        elif kind in ("input_image", "input_file") and part.get("file_id") is not None:
+            raise _cannot(
+                f"{param}.content[{i}]",
+                f"an {kind} by file_id names a file kept by OpenAI, which a chat upstream cannot "
+                "read: send its content (" + ("image_url" if kind == "input_image" else "file_data") + ")",
+            )
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             image: dict[str, Any] = {"url": part["image_url"]}
             if part.get("detail"):

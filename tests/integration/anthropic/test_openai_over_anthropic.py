@@ -124,3 +124,27 @@ def test_cost_charges_cache_writes_at_their_premium(
     spent = after["cost_usd"] - before["cost_usd"]
     # Everything but the question's few tokens was written at 1.25x the 3.0 input price.
     assert spent > (written * 3.0 * 1.2 + usage.completion_tokens * 15.0) / 1e6
+
+
+def test_openai_sampling_values_anthropic_refuses_are_a_clear_400(client: openai.OpenAI) -> None:
+    ask: Any = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as hot:
+        client.chat.completions.create(model="claude", messages=ask, temperature=1.5)
+    assert (hot.value.param, hot.value.code) == ("temperature", "unsupported_parameter")  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as both:
+        client.chat.completions.create(model="claude", messages=ask, temperature=0.5, top_p=0.9)
+    assert (both.value.param, both.value.code) == ("top_p", "unsupported_parameter")  # type: ignore[attr-defined]
+    # One of them is fine; the same request on the OpenAI-compatible deployment is too.
+    assert client.chat.completions.create(model="claude", messages=ask, temperature=0.5).choices
+    assert client.chat.completions.create(model="local", messages=ask, temperature=1.5, top_p=0.9).choices
+
+
+def test_a_deployment_whose_model_takes_both_samplers_says_so(both_sim: SimServer, make_gateway: Any) -> None:
+    from tests.integration.anthropic.conftest import policy
+
+    gw = make_gateway(policy(both_sim, ", temperature_with_top_p: true"))
+    with openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0, timeout=15) as c:
+        answer = c.chat.completions.create(
+            model="claude", messages=[{"role": "user", "content": "x"}], temperature=0.5, top_p=0.9
+        )
+    assert answer.choices[0].message.content

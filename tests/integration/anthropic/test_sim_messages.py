@@ -60,6 +60,13 @@ def test_max_tokens_and_stop_sequences(client: anthropic.Anthropic) -> None:
         messages=[{"role": "user", "content": "x"}],
     )
     assert stopped.stop_reason in ("stop_sequence", "end_turn") and "the" not in stopped.content[0].text
+    # As Anthropic does: the sequence that ended the answer is named.
+    assert stopped.stop_sequence == ("the" if stopped.stop_reason == "stop_sequence" else None)
+    with client.messages.stream(
+        model="claude-sim", max_tokens=200, stop_sequences=["e"], messages=[{"role": "user", "content": "x"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "e")
 
 
 def test_stream_events(client: anthropic.Anthropic) -> None:

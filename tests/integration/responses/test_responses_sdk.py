@@ -238,3 +238,21 @@ def test_usage_and_cost_are_accounted(
     assert line["endpoint"] == "/v1/responses" and line["deployment"] == model
     assert line["prompt_tokens"] > 0 and line["completion_tokens"] > 0 and line["cost_usd"] > 0
     assert line["cached_tokens"] is not None
+
+
+def test_native_event_that_is_not_json_ends_the_stream_with_an_error_and_logs_a_failure(
+    client: openai.OpenAI, gateways: tuple[GatewayProcess, GatewayProcess], sim: SimServer
+) -> None:
+    # invalid_200: two good events, then one that ends in "}" but is not JSON.
+    sim.set_fault("sim-fast", "invalid_200", count=1)
+    try:
+        raw = client.responses.with_raw_response.create(model="sim-native", input="Hello", stream=True)
+        events = list(raw.parse())  # the SDK raised a bare JSONDecodeError on the bad event
+    finally:
+        sim.clear_faults()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and "response.completed" not in kinds
+    assert kinds[-1] == "error" and events[-1].code == "malformed_chunk"  # type: ignore[union-attr]
+    request_id = raw.headers["x-request-id"]
+    line = gateways[0].wait_log(lambda line: line.get("request_id") == request_id)
+    assert line["error_code"] == "malformed_chunk"

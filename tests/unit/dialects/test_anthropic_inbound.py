@@ -155,3 +155,48 @@ def test_an_error_chunk_becomes_an_error_event() -> None:
     events = ChunksToEvents("claude")
     out = events.feed(b'data: {"error": {"message": "boom", "type": "overloaded_error"}}\n\n')
     assert b"event: error" in out and events.error == {"type": "overloaded_error", "message": "boom"}
+
+
+def _events(out: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(e.split(b"\ndata: ")[1]) for e in out.split(b"\n\n") if e]
+
+
+def test_a_matched_stop_string_is_stop_reason_stop_sequence() -> None:
+    # vLLM names the stop string that ended the answer in the choice's stop_reason (the
+    # anthropic provider fills it from Anthropic's stop_sequence); a token id is not one.
+    def completion(stop_reason: Any) -> dict[str, Any]:
+        choice = {"message": {"content": "Hi"}, "finish_reason": "stop", "stop_reason": stop_reason}
+        return {"id": "chatcmpl-1", "choices": [choice]}
+
+    said = to_message(completion("END"), "claude")
+    assert (said["stop_reason"], said["stop_sequence"]) == ("stop_sequence", "END")
+    for plain in (None, 128009):
+        said = to_message(completion(plain), "claude")
+        assert (said["stop_reason"], said["stop_sequence"]) == ("end_turn", None)
+    events = ChunksToEvents("claude")
+    out = events.feed(
+        chunk({"content": "Hi"})
+        + chunk(
+            {}, "stop", choices=[{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]
+        )
+        + b"data: [DONE]\n\n"
+    )
+    delta = next(e for e in _events(out) if e["type"] == "message_delta")["delta"]
+    assert delta == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+
+
+@pytest.mark.parametrize(
+    ("upstream_id", "shown"), [("msg_01abc", "msg_01abc"), ("chatcmpl-7", "msg_chatcmpl-7")]
+)
+def test_ids_are_prefixed_once(upstream_id: str, shown: str) -> None:
+    assert to_message({"id": upstream_id, "choices": [{"message": {"content": "x"}}]}, "m")["id"] == shown
+    events = ChunksToEvents("m")
+    out = events.feed(chunk({"content": "x"}, id=upstream_id) + b"data: [DONE]\n\n")
+    assert _events(out)[0]["message"]["id"] == shown
+
+
+def test_message_start_carries_the_usage_the_upstream_started_with() -> None:
+    events = ChunksToEvents("m")
+    events.start_usage = {"input_tokens": 12, "cache_read_input_tokens": 1000, "output_tokens": 1}
+    out = events.feed(chunk({"content": "x"}))
+    assert _events(out)[0]["message"]["usage"] == events.start_usage

@@ -168,3 +168,28 @@ def test_native_scanner_flags_a_malformed_event() -> None:
     scanner = NativeResponsesScanner()
     scanner.feed(b'event: response.created\ndata: {"type":"response.created"\n\n')
     assert scanner.malformed is not None
+
+
+def test_native_scanner_flags_invalid_json_that_ends_like_an_object() -> None:
+    scanner = NativeResponsesScanner()
+    good = b'event: response.created\ndata: {"type":"response.created","sequence_number":0,"response":{}}\n\n'
+    bad = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"x}\n\n'
+    later = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"y"}\n\n'
+    out = scanner.feed(good + bad)
+    assert out == good  # the events before it are forwarded, the bad one is not
+    assert scanner.malformed is not None and scanner.malformed.startswith(b"event: response.output_text.delta")
+    assert scanner.feed(later) == b""  # nor anything after it
+
+
+def test_native_scanner_flags_an_event_whose_data_is_not_an_object() -> None:
+    for data in (b"[1, 2]", b"null", b"}"):
+        scanner = NativeResponsesScanner()
+        scanner.feed(b"event: response.created\ndata: " + data + b"\n\n")
+        assert scanner.malformed is not None, data
+
+
+def test_native_scanner_passes_comments_and_multiline_data() -> None:
+    scanner = NativeResponsesScanner()
+    raw = b': keep-alive\n\nevent: response.created\ndata: {"type":\ndata: "response.created"}\n\n'
+    assert scanner.feed(raw) == raw
+    assert scanner.malformed is None and scanner.events == 1

@@ -81,3 +81,33 @@ def test_the_pool_sees_the_wrapped_provider() -> None:
     adapted = ResponsesRequestState({"model": "x"}).adapt(inner)
     assert adapted == inner and hash(adapted) == hash(inner) and adapted.name == "vl"
     assert {inner: 1}[adapted] == 1
+
+
+def test_a_native_stream_whose_first_event_is_not_json_falls_to_the_next_deployment() -> None:
+    from gateway.dialects.responses.stream import sse_event
+    from tests.unit.dispatch.test_dispatcher import FAST, Setup
+    from tests.unit.dispatch.test_integrity import raw, read_stream, stream_of
+    from tests.unit.dispatch.virtual_time import run
+
+    # "a" (openai: native) opens with an event that ends in "}" but is not JSON; "b" (vllm:
+    # translated) answers a chat stream.
+    bad = b'event: response.created\ndata: {"type": "response.created", "response": {]}\n\n'
+    completed = sse_event({"type": "response.completed", "response": {"id": "r", "output": []}})
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"delta": {"content": "x"}}],
+    }
+    setup = Setup({"a": raw(bad, completed), "b": stream_of(chunk)})
+    ctx = setup.ctx()
+    request: dict[str, Any] = {"model": "fast", "input": "hi", "stream": True}
+
+    async def go() -> Any:
+        state = ResponsesRequestState(dict(request))
+        opened = await setup.dispatcher.open_stream(ctx, FAST, "/responses", request, state.adapt)
+        return await read_stream(opened)
+
+    blocks, error = run(go())
+    assert error is None and (ctx.deployment, ctx.attempts) == ("b", 2)
+    assert b"response.completed" in b"".join(blocks) and b"{]}" not in b"".join(blocks)

@@ -157,3 +157,88 @@ def test_any_valid_request_translates_or_is_a_400(body: dict[str, Any]) -> None:
         return
     assert isinstance(out["messages"], list)
     with_ids(input_items(body))
+
+
+# --- images and files: the part the client sent is the part the upstream gets ---------------
+
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+PDF = "data:application/pdf;base64,JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PC9UeXBlL0NhdGFsb2c+PgplbmRvYmoK"
+
+
+def _parts(*content: dict[str, Any]) -> Any:
+    return chat({"input": [{"role": "user", "content": list(content)}]})["messages"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    "url", ["https://example.com/harbor.jpg", "https://cdn.example.org/a/b/lighthouse.png?v=2", PNG]
+)
+def test_input_image_becomes_an_image_url_part_with_the_same_url(url: str) -> None:
+    parts = _parts(
+        {"type": "input_text", "text": "What is in this picture?"},
+        {"type": "input_image", "image_url": url, "detail": "high"},
+    )
+    assert parts == [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": url, "detail": "high"}},
+    ]
+
+
+def test_input_image_without_detail_and_two_images_keep_their_order() -> None:
+    parts = _parts(
+        {"type": "input_image", "image_url": "https://example.com/1.jpg"},
+        {"type": "input_image", "image_url": PNG},
+    )
+    assert parts == [
+        {"type": "image_url", "image_url": {"url": "https://example.com/1.jpg"}},
+        {"type": "image_url", "image_url": {"url": PNG}},
+    ]
+
+
+@pytest.mark.parametrize(("filename", "sent_as"), [("harbor-rules.pdf", "harbor-rules.pdf"), (None, "file")])
+def test_input_file_data_and_filename_reach_the_chat_file_part(filename: str | None, sent_as: str) -> None:
+    part: dict[str, Any] = {"type": "input_file", "file_data": PDF}
+    if filename is not None:
+        part["filename"] = filename
+    parts = _parts({"type": "input_text", "text": "Summarise."}, part)
+    assert parts[1] == {"type": "file", "file": {"file_data": PDF, "filename": sent_as}}
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "input_image", "file_id": "file-abc123"},
+        {"type": "input_file", "file_id": "file-abc123"},
+        {"type": "input_file", "file_id": "file-abc123", "filename": "x.pdf"},
+    ],
+)
+def test_a_part_by_file_id_is_refused_naming_it(part: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        _parts({"type": "input_text", "text": "x"}, part)
+    assert info.value.param == "input[0].content[1]" and "file_id" in info.value.message
+
+
+def test_images_reach_an_anthropic_deployment_as_image_blocks() -> None:
+    from gateway.dialects.anthropic.request import to_messages_request
+
+    body = chat(
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Compare."},
+                        {"type": "input_image", "image_url": "https://example.com/harbor.jpg"},
+                        {"type": "input_image", "image_url": PNG},
+                    ],
+                }
+            ]
+        }
+    )
+    sent = to_messages_request(body, model="claude", default_max_tokens=64, structured_outputs=True)
+    blocks = sent["messages"][0]["content"]
+    assert blocks[1] == {"type": "image", "source": {"type": "url", "url": "https://example.com/harbor.jpg"}}
+    data = PNG.partition(",")[2]
+    assert blocks[2] == {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": data},
+    }
