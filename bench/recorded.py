@@ -6,8 +6,9 @@ A result file is JSON: ``title``, ``scenario`` (a name from :mod:`catalog`), ``d
 ``commit``, ``machine``, ``noise``, ``command`` (as it was run), ``tables`` (each a
 ``caption``, ``columns`` and ``rows`` of cells) and optional ``notes``. A cell is a number,
 a string, null (shown as a dash) or a pair ``[a, b]`` shown as ``a (b)`` (req/s and CPU ms a
-request). Numbers are transcribed as measured: integers get thousands separators, floats
-are shown as written.
+request). Numbers are transcribed as measured: integers get thousands separators; floats are
+shown as JSON keeps them, or with the table's ``decimals`` for their column (a list beside
+``columns``, null for "as kept"), so that 0.440 reads as recorded.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def load(path: Path) -> dict[str, Any]:
         raise RecordError(f"{path.name}: scenario {record['scenario']!r} is not one of python -m bench list")
     for table in record["tables"]:
         width = len(table["columns"])
+        if len(table.get("decimals") or [None] * width) != width:
+            raise RecordError(f"{path.name}: {table['caption']!r}: decimals is not one per column")
         for row in table["rows"]:
             if len(row) != width:
                 caption = table["caption"]
@@ -58,17 +61,19 @@ def records(directory: Path = RECORDED_DIR) -> list[dict[str, Any]]:
     return [record for record, _ in found]
 
 
-def cell(value: Any) -> str:
-    """A table cell as the page shows it."""
+def cell(value: Any, decimals: int | None = None) -> str:
+    """A table cell as the page shows it (``decimals``: its column's, for floats)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, float) and decimals is not None:
+        return f"{value:,.{decimals}f}"
     if isinstance(value, list):
         first, second = value
-        return f"{cell(first)} ({cell(second)})"
+        return f"{cell(first, decimals)} ({cell(second, decimals)})"
     return str(value)
 
 
@@ -89,7 +94,9 @@ def render(record: dict[str, Any]) -> list[str]:
         lines += ["", table["caption"], ""]
         lines.append("| " + " | ".join(table["columns"]) + " |")
         lines.append("|" + "---|" * len(table["columns"]))
-        lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in table["rows"]]
+        decimals = table.get("decimals") or [None] * len(table["columns"])
+        for row in table["rows"]:
+            lines.append("| " + " | ".join(cell(v, d) for v, d in zip(row, decimals, strict=True)) + " |")
     if record.get("notes"):
         lines.append("")
         lines += [f"- {note}" for note in record["notes"]]
