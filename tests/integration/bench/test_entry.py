@@ -81,7 +81,7 @@ def test_every_result_file_states_when_where_and_how_noisy(tmp_path: Path) -> No
     record = json.loads(next(RECORDED_DIR.glob("*.json")).read_text())
     del record["noise"]
     bad.write_text(json.dumps(record))
-    with pytest.raises(RecordError, match="2026-01-01-bad.json: missing noise"):
+    with pytest.raises(RecordError, match=r"2026-01-01-bad\.json: missing noise"):
         records(tmp_path)
 
 
