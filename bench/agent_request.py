@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-from routing_decision import FULL_POLICY
+from probes.routing_decision import FULL_POLICY
 from routing_features import tool_of
 from shaping import agent_system_prompt
 

@@ -171,7 +171,7 @@ return out
 """One deployment's lookups and writes of a batch in one call, its chains sent as bytes:
 no Python work per checkpoint, one reply for redis-py to parse. As a pipeline of an MGET
 per chain and a SET per checkpoint, a batch of 20 requests with ~60 checkpoints each held
-the event loop for ~20 ms (bench/README.md, "Redis writes as scripts")."""
+the event loop for ~20 ms (bench/probes/redis_writes.py)."""
 
 
 def _packed(steps: Sequence[int]) -> bytes:

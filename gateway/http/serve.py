@@ -141,11 +141,11 @@ GC_GEN0_THRESHOLD = 20_000
 """Allocations between two young-generation collections once serving (CPython's default
 is 700). Requests make almost no cyclic garbage, so a collection mostly walks the objects
 of the requests in flight, and at 700 it ran every few requests, each walk longer the more
-requests were in flight: CPU per request grew with concurrency (bench/README.md, "#20").
+requests were in flight: CPU per request grew with concurrency (bench/README.md at 7e28d41, "#20").
 Not higher: a collection pauses the event loop while it walks the young objects still
 alive, and with many streams open (their state lives for seconds) each pause at 50,000 was
-13-21 ms, which set the held streams' first-byte p99 (bench/README.md, "the young
-generation's pauses")."""
+13-21 ms, which set the held streams' first-byte p99 (bench/README.md at
+7e28d41, "the young generation's pauses")."""
 
 
 def tune_gc() -> None:

@@ -2,7 +2,7 @@
 (:mod:`gateway.providers.http1_connection`, a plain ``asyncio.Protocol`` and httptools' C
 parser) to one base URL.
 
-aiohttp's client spent ~190 µs of CPU per upstream request (bench/README.md, issue #20);
+aiohttp's client spent ~190 µs of CPU per upstream request (bench/probes/upstream_client.py);
 every upstream call here is the same shape (a JSON POST, an answer read or streamed), so a
 lean HTTP/1.1 client does it in a fraction of that:
 

@@ -5,7 +5,7 @@ two writes to the client) and parses every event's data: it must be a complete J
 object, or the end marker ``[DONE]``. The end of a stream is that event itself, never
 the bytes ``data: [DONE]`` found inside an event's JSON (a model explaining SSE writes
 them in its answer). Parsing is one ``orjson.loads`` per event, about a microsecond for
-a typical 200-byte chunk (``bench/sse_parse_cost.py``), which also reads usage and errors.
+a typical 200-byte chunk (``bench/probes/sse_parse_cost.py``), which also reads usage and errors.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ _SIGNED_PER_S = 20
 """The report reads a template's last 20 signatures (``SIGNATURES_KEPT``): at a few hundred
 requests a second, one in ten would replace them several times a second, and a conversation's
 signature runs the detectors over each of its messages (8 % of the gateway's CPU on a load of
-many conversations, bench/README.md)."""
+many conversations, bench/README.md at 7e28d41)."""
 _now = time.monotonic
 _SIGNED_KEPT = 64  # templates whose last signed head is kept (its lines and segments)
 _STABLE_MAX_CHARS = 1 << 17  # a longer stable head is not kept (memory)

@@ -20,7 +20,7 @@ seen), so the model is shared by every replica and survives restarts.
 A template's two hours are summed in Redis (:func:`gateway.store.fold.fold`, about 20,000
 counts a round trip, so requests move between them): read as HGETALL replies, redis-py
 parsed every field and count in Python, and 500 templates of 160 counts held the event
-loop for ~0.7 s (``bench/redis_writes.py``).
+loop for ~0.7 s (``bench/probes/redis_writes.py``).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ so the work per flush depends on how many keys changed, not on the request rate.
 The counters and lists go to Redis as one Lua script call (:data:`_WRITE_LUA`), not as a
 pipeline of HINCRBY, EXPIRE, LPUSH and LTRIM: redis-py packs every command and parses
 every reply in Python, and a pipeline of ~30 commands held the event loop for ~0.7 ms,
-which requests that arrived meanwhile waited out (bench/README.md, "Redis writes as
-scripts"). On a Redis Cluster, whose scripts must keep their keys in one slot, they stay
+which requests that arrived meanwhile waited out (bench/probes/redis_writes.py). On a Redis
+Cluster, whose scripts must keep their keys in one slot, they stay
 a pipeline (the client splits it per node). Queued closures join the script call in one
 pipeline. A key the script cannot write (say, of another type) counts one dropped write.
 

@@ -2,7 +2,7 @@
 JSON (``orjson.loads``) to find the real ``[DONE]`` and refuse a malformed event, where it
 used to look at each event's last byte and search bytes for markers.
 
-    .venv/bin/python bench/sse_parse_cost.py [--n 2000]
+    .venv/bin/python bench/probes/sse_parse_cost.py [--n 2000]
 
 Feeds a 200-event stream (one event per upstream read, as a token-by-token upstream
 sends, and all at once) through :class:`gateway.providers.sse.StreamScanner` and prints

@@ -1,6 +1,6 @@
 """Cost of the routing decision on the overhead benchmark's own request (short prompts).
 
-    python bench/routing_decision.py [--runs 20000] [--repeat 7]
+    python bench/probes/routing_decision.py [--runs 20000] [--repeat 7]
 
 ``bench/overhead.sh --full`` routes every request: the non-stream one is scored by the
 shipped ``ngram`` classifier after two rules on the model name miss, the stream one is
@@ -24,7 +24,7 @@ from gateway.config import parse_policy
 from gateway.routing.features import extract
 from gateway.routing.resolve import Router
 
-COMMON_LUA = Path(__file__).with_name("wrk") / "common.lua"
+COMMON_LUA = Path(__file__).resolve().parent.parent / "wrk" / "common.lua"
 
 # overhead.sh's policy for the full gateway (write_policy ... full), ports aside.
 FULL_POLICY = """

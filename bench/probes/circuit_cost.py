@@ -1,6 +1,6 @@
 """What a deployment's circuit costs the event loop when its window is full, in process.
 
-    python bench/circuit_cost.py [--rate 2000] [--window 30]
+    python bench/probes/circuit_cost.py [--rate 2000] [--window 30]
 
 The circuit keeps every attempt of its window (``dispatch.circuit.window_s``, 30 s by
 default): at ``--rate`` attempts a second that is rate x window outcomes. Times, on a full

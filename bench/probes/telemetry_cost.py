@@ -2,8 +2,9 @@
 Prometheus recording, the dashboard's and the cache report's counters, and tracing off vs
 on (spans handed to a batch processor whose exporter drops them).
 
-    .venv/bin/python bench/telemetry_cost.py [--n 20000]
-    PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) .venv/bin/python bench/telemetry_cost.py   # as with --workers N
+    .venv/bin/python bench/probes/telemetry_cost.py [--n 20000]
+    # as with --workers N:
+    PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) .venv/bin/python bench/probes/telemetry_cost.py
 
 Prints microseconds per request for each part (best of 5 rounds). This complements
 bench/overhead.sh, whose end-to-end numbers on a shared 2-core VM move by more than these

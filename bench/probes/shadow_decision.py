@@ -1,6 +1,6 @@
 """Cost of the learning loop on the request path: the shadow decision and the drift sink.
 
-    python bench/shadow_decision.py [--runs 200000]
+    python bench/probes/shadow_decision.py [--runs 200000]
 
 Prints the median and p99 nanoseconds per call (perf_counter around batches of 100 calls,
 after a warm-up) of

@@ -2,7 +2,7 @@
 (:class:`gateway.providers.transport.HttpTransport`) against the lean HTTP/1.1 one
 (:class:`gateway.providers.http1.Http1Transport`), on uvloop, against a canned upstream.
 
-    .venv/bin/python bench/upstream_client.py [--requests 5000] [--rounds 5] [--concurrency "1 16"]
+    .venv/bin/python bench/probes/upstream_client.py [--requests 5000] [--rounds 5] [--concurrency "1 16"]
 
 The canned upstream runs in a child process (its CPU is not counted): a fixed 1,046-byte
 JSON answer like the overhead benchmark's nginx, and a 22-event SSE answer (~6 kB, the

