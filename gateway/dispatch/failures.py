@@ -25,6 +25,7 @@ error_answer                  error_answer             yes    yes     yes       
 503                           upstream_unavailable     yes    yes     yes       yes   503
 504                           upstream_timeout         yes    yes     yes       yes   504
 upstream_auth_failed (401/3)  upstream_auth_failed     yes    yes     yes       no    502
+upstream_redirect (3xx)       upstream_redirect        yes    yes     yes       no    502
 upstream_not_found            upstream_not_found       no     no      no        no    502
 upstream_timed_out (408)      upstream_timeout         no     no      no        no    504
 upstream_failed (other 5xx)   upstream_error           no     no      no        no    502
@@ -42,7 +43,10 @@ client_error (other 4xx)      (upstream's)             no     no      no        
 
 What each new-style reason means: ``first_byte_timeout``, a non-stream answer's first body
 byte did not arrive within ``first_byte_s``; ``body_timeout``, its body then stopped for
-``idle_s``; ``empty_answer``, a 200 with an empty body or a stream that ended before its
+``idle_s``; ``upstream_redirect``, the upstream answered a 3xx: the gateway never follows
+a redirect (it would re-send the prompt and the deployment's key to wherever the upstream
+points, loopback included) and never takes one for an answer, so a ``base_url`` that
+redirects is a misconfigured deployment, tried no more, and others are; ``empty_answer``, a 200 with an empty body or a stream that ended before its
 first complete event; ``invalid_answer``, a 200 whose body is not the endpoint's JSON
 (truncated, invalid, no ``choices``/``data``); ``error_answer``, a 200 whose body (or a
 stream's first events, before anything reached the client) is an error object.
@@ -123,6 +127,7 @@ _ROWS = (
     _row("503",                   "upstream_unavailable",  _Unavailable,           Y,    Y,     Y),
     _row("504",                   "upstream_timeout",      _Timeout,               Y,    Y,     Y),
     _row("upstream_auth_failed",  "upstream_auth_failed",  _Err,                   Y,    Y,     Y,       N),
+    _row("upstream_redirect",     "upstream_redirect",     _Err,                   Y,    Y,     Y,       N),
     _row("upstream_not_found",    "upstream_not_found",    _Err,                   N,    N,     N),
     _row("upstream_timed_out",    "upstream_timeout",      _Timeout,               N,    N,     N),
     _row("upstream_failed",       "upstream_error",        _Err,                   N,    N,     N),
@@ -196,6 +201,8 @@ def http_failure(status: int) -> str:
         return key
     if status in (401, 403):
         return "upstream_auth_failed"
+    if 300 <= status < 400:
+        return "upstream_redirect"
     if status == 404:
         return "upstream_not_found"
     if status == 408:
@@ -237,6 +244,13 @@ def status_error(
         error = row.error(
             f"deployment '{name}' rejected the gateway's credentials (HTTP {status}); "
             "check the key its api_key_env names",
+            code=row.code,
+        )
+    elif row.reason == "upstream_redirect":
+        location = str(headers.get("Location", ""))[:200] or "no Location"
+        error = row.error(
+            f"deployment '{name}' answered a redirect (HTTP {status} to {location}), which the gateway "
+            "does not follow; check its base_url",
             code=row.code,
         )
     elif row.reason == "upstream_not_found":

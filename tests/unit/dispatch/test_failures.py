@@ -28,6 +28,7 @@ def test_retry_on_accepts_the_same_reasons_as_before_the_table_and_the_new_ones(
         "invalid_answer",
         "error_answer",
         "upstream_auth_failed",
+        "upstream_redirect",
     }
     assert set(RETRYABLE) == before | new
     assert set(RETRYABLE) - set(DEFAULT_RETRY_ON) == {"total_timeout", "stream_incomplete"}
