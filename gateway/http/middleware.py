@@ -27,6 +27,7 @@ from gateway.errors import (
     RequestTooLargeError,
     SwitchyardError,
 )
+from gateway.http import browser
 from gateway.http.redact import scrub
 from gateway.http.responses import cancelled_by_drain, error_response, shutdown_error
 from gateway.http.state import AUTH_MODE, CTX, IN_FLIGHT, KEYS, POLICY, SETTINGS, STAGES, TRACING
@@ -126,6 +127,10 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Give every request a context and an id; turn every failure into OpenAI's error JSON;
     hand each finished API request to the pipeline's sinks (the log line, metrics, stats)."""
     app = request.app
+    if request.method == "OPTIONS":
+        answer = browser.preflight(request, app[SETTINGS])
+        if answer is not None:
+            return answer
     ctx = RequestContext(
         request_id=_request_id(request),
         endpoint=request.path,
@@ -143,14 +148,22 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     if task is not None:
         in_flight.add(task)
     try:
+        settings = app[SETTINGS]
+        cors = browser.screen_origin(request, settings, browser.unguarded(request, app[AUTH_MODE], settings))
+        # On every answer of this request, a stream's and an error's included.
+        ctx.response_headers.update(cors)
         if api and app[AUTH_MODE] == "keys":
             await _authenticate(request, ctx)
         elif api:
             # No virtual keys: the per-key views name a client by a short hash of its token.
             api_key = request.headers.get("x-api-key")
             ctx.key_id = key_label(request.headers.get("Authorization") or (api_key and f"Bearer {api_key}"))
-        await _read_body(request, app[SETTINGS].request_body_timeout_s)
+        if request.match_info.http_exception is None:
+            browser.check_content_type(request)
+        await _read_body(request, settings.request_body_timeout_s)
         resp = await handler(request)
+        if cors and not resp.prepared:
+            resp.headers.update(cors)
     except SwitchyardError as exc:
         ctx.error_code = exc.code
         exc.message = scrub(app, ctx.snapshot, exc.message)
