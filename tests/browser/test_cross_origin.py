@@ -53,7 +53,10 @@ def attacker(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def test_a_foreign_page_cannot_drive_a_keyless_gateway(
-    make_gateway: Any, sim: SimServer, browser: Any, attacker: Any  # noqa: F811
+    make_gateway: Any,
+    sim: SimServer,
+    browser: Any,  # noqa: F811 - the fixture imported above
+    attacker: Any,
 ) -> None:
     pages, origin = attacker
     gw = make_gateway(sim_policy(sim.base_url))
