@@ -28,7 +28,7 @@ from gateway.errors import (
     SwitchyardError,
 )
 from gateway.http import browser
-from gateway.http.redact import scrub
+from gateway.http.redact import for_client
 from gateway.http.responses import cancelled_by_drain, error_response, shutdown_error
 from gateway.http.state import AUTH_MODE, CTX, IN_FLIGHT, KEYS, POLICY, SETTINGS, STAGES, TRACING
 from gateway.pipeline import finish
@@ -165,9 +165,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         if cors and not resp.prepared:
             resp.headers.update(cors)
     except SwitchyardError as exc:
-        ctx.error_code = exc.code
-        exc.message = scrub(app, ctx.snapshot, exc.message)
-        resp = error_response(exc, ctx)
+        resp = error_response(for_client(app, ctx, exc), ctx)
         if exc.status == 408:
             await _answer_and_close(request, resp)
     except web.HTTPException as exc:
