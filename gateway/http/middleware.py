@@ -1,7 +1,8 @@
-"""The main app's middleware: a context and an id for every request, the virtual-key check
-on ``/v1``, the request body read within its deadline (and in an encoding the gateway can
-decode), every failure turned into OpenAI's error JSON, and the finished request handed
-to the pipeline's sinks."""
+"""The main app's middleware: a context and an id for every request, the browser checks
+(a foreign ``Origin`` where no key guards, a JSON ``Content-Type``: :mod:`gateway.http.browser`),
+the virtual-key check on ``/v1``, the request body read within its deadline (and in an
+encoding the gateway can decode), every failure turned into OpenAI's error JSON, and the
+finished request handed to the pipeline's sinks."""
 
 from __future__ import annotations
 
