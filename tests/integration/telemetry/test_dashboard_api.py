@@ -195,3 +195,5 @@ def test_requests_that_reach_no_deployment_are_counted_by_code_and_key(
     assert d["keys"][plain["id"]]["(none)"]["requests"] == 4
     assert d["keys"]["-"]["(none)"]["errors"] == 3
     assert sum(d["series"]["requests"]) == 10 and sum(d["series"]["errors"]) == 9
+    # Latencies stay the upstreams': refused requests add no sample and no chart line.
+    assert totals["e2e_ms"]["count"] == 1 and "(none)" not in d["series"]["deployments"]
