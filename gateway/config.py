@@ -55,6 +55,9 @@ class Settings(BaseModel):
     auth: Literal["auto", "keys", "none"] = "auto"
     insecure_no_auth: bool = False
     key_cache_s: float = Field(10.0, ge=0)
+    allowed_origins: str = ""
+    """Comma-separated web origins (``https://app.example.com``; ``*``: any) that may call
+    the gateway from a browser; others are refused where no key guards the endpoint."""
     max_messages: int = Field(2048, ge=1)
     max_content_parts: int = Field(512, ge=1)
     max_json_depth: int = Field(64, ge=4, le=1000)

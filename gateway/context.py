@@ -47,6 +47,8 @@ class RequestContext:
     timeout_override: Timeouts | None = None
     status: int = 0
     error_code: str | None = None
+    error_detail: str | None = None
+    """What the client's plain error message leaves out (for the log line and the trace)."""
     first_token_at: float | None = None
     last_chunk_at: float | None = None
     finished_at: float | None = None

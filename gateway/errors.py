@@ -166,6 +166,9 @@ class UpstreamError(SwitchyardError):
     error_type = "upstream_error"
     default_code: ClassVar[str | None] = "upstream_error"
     failure: str | None = None
+    public: str | None = None
+    """What the client reads instead of ``message`` (which may name deployments or quote an
+    exception), when the one who raised it knows better than the failure's row."""
 
 
 class UpstreamRateLimitError(RateLimitError, UpstreamError):

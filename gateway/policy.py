@@ -176,6 +176,25 @@ class TierMember(StrictModel):
 Member = Annotated[TierMember, BeforeValidator(_member)]
 
 
+class ErrorsPolicy(StrictModel):
+    """What the error messages clients see may say. By default an upstream failure reads as
+    a stable code and a plain message; the exception text, the upstream's answer and the
+    deployment's name stay in the log line and the trace."""
+
+    expose_deployments: bool | list[str] = Field(
+        False,
+        description="Name the deployment that failed in client error messages: true for every "
+        "caller, or a list of virtual key names (trusted callers) that see it.",
+    )
+
+    def shows_deployment(self, key_name: str | None) -> bool:
+        """Whether a caller with this virtual key name may see deployment names."""
+        expose = self.expose_deployments
+        if isinstance(expose, bool):
+            return expose
+        return key_name is not None and key_name in expose
+
+
 class Policy(StrictModel):
     """A whole policy file."""
 
@@ -190,6 +209,7 @@ class Policy(StrictModel):
     dispatch: DispatchPolicy = Field(default_factory=DispatchPolicy)
     shaping: ShapingPolicy = Field(default_factory=ShapingPolicy)
     responses: ResponsesPolicy = Field(default_factory=ResponsesPolicy)
+    errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
 
     def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:
         """The timeouts of an attempt on ``deployment`` for ``tier``: the deployment's own, the

@@ -8,7 +8,10 @@ dictionary to slow down (the same reasoning as GitHub's and Stripe's tokens).
 
 Verification looks the id up, hashes the given secret and compares with
 :func:`hmac.compare_digest`. Verified keys are kept in process for ``cache_s`` seconds, so
-a request costs one dictionary lookup. A revocation is also written to a sorted set that
+a request costs one dictionary lookup. Keys and tokens that are not keys are cached apart,
+each bounded and evicting the least recently used: a flood of distinct bogus tokens only
+churns the small negative cache and never pushes a valid key out (each bogus token still
+costs its one Redis lookup, as it must). A revocation is also written to a sorted set that
 every replica polls once a second (:meth:`KeyStore.watch_revocations`), so a revoked key
 stops working everywhere within about a second (at once on the replica that revoked it;
 within ``cache_s`` at worst, when Redis cannot be read).
@@ -29,6 +32,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -157,19 +161,77 @@ def validate_new_key(
     return name, _limit(rpm, "rpm"), _limit(tpm, "tpm"), budget, names
 
 
+_Entry = tuple[float, KeyRecord | None]
+"""A cached verification: when it was made, and the record (None: not a key)."""
+
+
+class _LRU:
+    """A bounded map of token -> verification that evicts the least recently used entry."""
+
+    __slots__ = ("_entries", "evictions", "max_entries")
+
+    def __init__(self, max_entries: int) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self.max_entries = max_entries
+        self.evictions = 0
+
+    def get(self, token: str) -> _Entry | None:
+        entry = self._entries.get(token)
+        if entry is not None:
+            self._entries.move_to_end(token)
+        return entry
+
+    def put(self, token: str, entry: _Entry) -> None:
+        self._entries[token] = entry
+        self._entries.move_to_end(token)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+            self.evictions += 1
+
+    def pop(self, token: str) -> None:
+        self._entries.pop(token, None)
+
+    def drop_prefix(self, prefix: str) -> None:
+        for token in [t for t in self._entries if t.startswith(prefix)]:
+            del self._entries[token]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass(slots=True)
+class KeyCacheStats:
+    """What the key cache did since start: answers from memory, Redis lookups, evictions."""
+
+    hits: int = 0
+    negative_hits: int = 0
+    lookups: int = 0
+
+
 class KeyStore:
-    """Create, list, revoke and verify virtual keys in Redis."""
+    """Create, list, revoke and verify virtual keys in Redis.
+
+    Verifications are cached in two bounded LRU maps: ``max_cached_keys`` tokens that are
+    keys (valid or revoked) and ``max_cached_invalid`` tokens that are not; the second is
+    small, so tokens nobody was given cannot push out the keys clients use."""
 
     def __init__(
-        self, redis: Redis, *, cache_s: float = 10.0, stale_s: float = 600.0, gate: RedisGate | None = None
+        self,
+        redis: Redis,
+        *,
+        cache_s: float = 10.0,
+        stale_s: float = 600.0,
+        gate: RedisGate | None = None,
+        max_cached_keys: int = 10_000,
+        max_cached_invalid: int = 1_000,
     ) -> None:
         self._redis = redis
         self._gate = gate or RedisGate()
         self._cache_s = cache_s
         self._stale_s = stale_s
-        # token -> (verified at, record or None for "not a key"); bounded below.
-        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
-        self._max_cached = 10_000
+        self._keys = _LRU(max_cached_keys)
+        self._invalid = _LRU(max_cached_invalid)
+        self.stats = KeyCacheStats()
         # One Redis lookup per token at a time: a burst of a new key's requests shares it.
         self._lookups: dict[str, asyncio.Future[dict[str, str]]] = {}
 
@@ -238,7 +300,20 @@ class KeyStore:
     def forget(self, key_id: str) -> None:
         """Drop this key's cached verifications."""
         prefix = f"{PREFIX}{key_id}_"
-        self._cache = {t: entry for t, entry in self._cache.items() if not t.startswith(prefix)}
+        self._keys.drop_prefix(prefix)
+        self._invalid.drop_prefix(prefix)
+
+    def cache_stats(self) -> dict[str, int]:
+        """The key cache's counters and sizes (for ``/admin/stats`` and tests)."""
+        return {
+            "hits": self.stats.hits,
+            "negative_hits": self.stats.negative_hits,
+            "lookups": self.stats.lookups,
+            "keys_cached": len(self._keys),
+            "invalid_cached": len(self._invalid),
+            "keys_evicted": self._keys.evictions,
+            "invalid_evicted": self._invalid.evictions,
+        }
 
     async def watch_revocations(self, interval_s: float = 1.0) -> None:
         """Poll the revocations made by any replica and forget those keys. Runs until cancelled;
@@ -261,8 +336,12 @@ class KeyStore:
     async def verify(self, token: str) -> KeyRecord:
         """The record of a valid, unrevoked key; :class:`AuthenticationError` otherwise."""
         now = time.monotonic()
-        cached = self._cache.get(token)
+        cached = self._keys.get(token) or self._invalid.get(token)
         if cached is not None and now - cached[0] < self._cache_s:
+            if cached[1] is None:
+                self.stats.negative_hits += 1
+            else:
+                self.stats.hits += 1
             return _accepted(cached[1])
         parts = split_token(token)
         if parts is None:
@@ -285,9 +364,12 @@ class KeyStore:
             given = _hash(bytes.fromhex(fields["salt"]), parts[1])
             if hmac.compare_digest(given.encode(), expected.encode()):
                 record = _record(parts[0], fields)
-        if len(self._cache) >= self._max_cached:
-            self._cache.clear()
-        self._cache[token] = (now, record)
+        if record is None:
+            self._keys.pop(token)  # a key deleted from Redis since
+            self._invalid.put(token, (now, None))
+        else:
+            self._invalid.pop(token)
+            self._keys.put(token, (now, record))
         return _accepted(record)
 
     async def _lookup(self, token: str, key_id: str) -> dict[str, str]:
@@ -296,6 +378,7 @@ class KeyStore:
             return await asyncio.shield(pending)
         future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
         self._lookups[token] = future
+        self.stats.lookups += 1
         try:
             fields = _decode(await self._gate.call(lambda: self._redis.hgetall(record_key(key_id))))
         except BaseException as exc:

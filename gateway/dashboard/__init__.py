@@ -10,6 +10,11 @@ a window of them, summed in Redis (:mod:`gateway.store.fold`); percentiles come 
 buckets (each 10 % wide, so a percentile is within ±5 % of the exact one), and folds the
 minutes into time series for the charts.
 ``GET /dashboard`` is a static page that polls that API and draws them.
+
+A request that never reached a deployment (a 400, an unknown model or path, a 401, a
+key's 429) is counted too, under the deployment name ``(none)``: in the totals, its key's
+rows and the errors by code, not in the deployments' table, so a storm of refused
+requests shows on the page as it does on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from redis.asyncio import Redis
 from gateway.auth.bearer import bearer_token
 from gateway.cachestats import BUCKET_S, NO_KEY, RETENTION_S, Accounting, window
 from gateway.dashboard.histogram import LATENCIES, bucket_of, bucket_value_ms, percentile_ms
-from gateway.dashboard.series import SeriesBuilder
+from gateway.dashboard.series import NO_DEPLOYMENT, SeriesBuilder
 from gateway.policy import Policy
 from gateway.store.fold import fold
 from gateway.store.writer import StatsWriter
@@ -37,6 +42,7 @@ PAGE = Path(__file__).with_name("static") / "index.html"
 _NANO = 1e9
 __all__ = [
     "LATENCIES",
+    "NO_DEPLOYMENT",
     "PAGE",
     "DashboardStats",
     "bucket_of",
@@ -45,6 +51,7 @@ __all__ = [
     "percentile_ms",
 ]
 MAX_KEYS = 4096
+_ERROR_CODE_CHARS = 48
 OTHER_KEYS = "key_other"
 _labels: dict[str, str] = {}
 
@@ -82,6 +89,7 @@ def _empty() -> dict[str, Any]:
         "hedges": 0,
         "fallbacks": 0,
         "cost_nusd": 0,
+        "by_code": defaultdict(int),
         "hist": {name: defaultdict(int) for name in LATENCIES},
     }
 
@@ -89,6 +97,8 @@ def _empty() -> dict[str, Any]:
 def _merge(into: dict[str, Any], counts: dict[str, Any]) -> None:
     for name in ("requests", "errors", "retries", "hedges", "fallbacks", "cost_nusd"):
         into[name] += counts[name]
+    for code, n in counts["by_code"].items():
+        into["by_code"][code] += n
     for name in LATENCIES:
         for index, n in counts["hist"][name].items():
             into["hist"][name][index] += n
@@ -105,6 +115,7 @@ def _summary(counts: dict[str, Any]) -> dict[str, Any]:
         "hedges": counts["hedges"],
         "fallbacks": counts["fallbacks"],
         "cost_usd": round(counts["cost_nusd"] / _NANO, 6),
+        "errors_by_code": dict(sorted(counts["by_code"].items())),
     }
     for name in LATENCIES:
         hist = counts["hist"][name]
@@ -126,13 +137,14 @@ class DashboardStats:
 
     def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (summed in process; never waits on Redis)."""
-        if done.deployment is None:
-            return
         key = _minute_key(int(time.time()) // BUCKET_S)
-        c = self._writer.counters(key, f"{done.deployment}|{done.key_id or NO_KEY}|", RETENTION_S + BUCKET_S)
+        deployment = done.deployment or NO_DEPLOYMENT
+        c = self._writer.counters(key, f"{deployment}|{done.key_id or NO_KEY}|", RETENTION_S + BUCKET_S)
         c["requests"] = c.get("requests", 0) + 1
         if done.failed:
             c["errors"] = c.get("errors", 0) + 1
+            name = "err:" + _error_code(done)
+            c[name] = c.get(name, 0) + 1
         if done.retries:
             c["retries"] = c.get("retries", 0) + done.retries
         if done.hedged:
@@ -144,6 +156,8 @@ class DashboardStats:
             c[name] = c.get(name, 0) + 1
         if done.cost_nano_usd:
             c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
+        if done.deployment is None:
+            return  # refused at the door: its few milliseconds say nothing of any upstream's latency
         name = f"h:e2e:{bucket_of(done.e2e_ms)}"
         c[name] = c.get(name, 0) + 1
         if done.stream and done.ttft_ms is not None:
@@ -175,13 +189,16 @@ class DashboardStats:
                 row["hist"][latency][int(index)] += value
             elif metric.startswith("tier:"):
                 tiers[metric[5:]] += value
+            elif metric.startswith("err:"):
+                row["by_code"][metric[4:]] += value
             elif metric in row:
                 row[metric] += value
         by_deployment: dict[str, dict[str, Any]] = defaultdict(_empty)
         by_key: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         totals = _empty()
         for (deployment, key), counts in rows.items():
-            _merge(by_deployment[deployment], counts)
+            if deployment != NO_DEPLOYMENT:
+                _merge(by_deployment[deployment], counts)
             _merge(totals, counts)
             by_key[key][deployment] = _summary(counts)
         routed = sum(tiers.values())
@@ -222,3 +239,10 @@ class DashboardStats:
             },
             "series": series.result(),
         }
+
+
+def _error_code(done: FinishedRequest) -> str:
+    """The code a failed request is counted under (its error code, else ``http_<status>``),
+    kept short and free of the field separators."""
+    code = done.error_code or f"http_{done.status}"
+    return code[:_ERROR_CODE_CHARS].replace("|", "_").replace("/", "_").replace(":", "_")

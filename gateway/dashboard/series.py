@@ -15,6 +15,9 @@ from typing import Any
 from gateway.dashboard.histogram import LATENCIES, percentile_ms
 
 MAX_POINTS = 120
+NO_DEPLOYMENT = "(none)"
+"""What the dashboard names the deployment of a request that never reached one (counted
+in the totals, not drawn as a deployment's line)."""
 _NANO = 1e9
 
 
@@ -57,7 +60,8 @@ class SeriesBuilder:
             self._tiers[metric[5:]][point] += value
         elif metric == "requests":
             self._requests[point] += value
-            self._dep_requests[deployment][point] += value
+            if deployment != NO_DEPLOYMENT:
+                self._dep_requests[deployment][point] += value
         elif metric == "errors":
             self._errors[point] += value
         elif metric == "cost_nusd":

@@ -268,7 +268,7 @@ async def unary_attempt(
     finally:
         pool.release(upstream)
     data = b"".join(parts) if len(parts) != 1 else parts[0]
-    if resp.status >= 400:
+    if resp.status >= 300:  # a redirect is never an answer
         raise _status_error(upstream, resp.status, data, resp)
     content_type = resp.headers.get("Content-Type", "application/json")
     answer = upstream.read_answer(
@@ -335,7 +335,7 @@ async def stream_attempt(
                 resp = await upstream.send(
                     endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
                 )
-                if resp.status >= 400:
+                if resp.status >= 300:  # a redirect is never an answer
                     data = await resp.read()
                     raise _status_error(upstream, resp.status, data, resp)
                 chunks = resp.iter_chunks()

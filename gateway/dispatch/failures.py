@@ -25,6 +25,7 @@ error_answer                  error_answer             yes    yes     yes       
 503                           upstream_unavailable     yes    yes     yes       yes   503
 504                           upstream_timeout         yes    yes     yes       yes   504
 upstream_auth_failed (401/3)  upstream_auth_failed     yes    yes     yes       no    502
+upstream_redirect (3xx)       upstream_redirect        yes    yes     yes       no    502
 upstream_not_found            upstream_not_found       no     no      no        no    502
 upstream_timed_out (408)      upstream_timeout         no     no      no        no    504
 upstream_failed (other 5xx)   upstream_error           no     no      no        no    502
@@ -42,10 +43,14 @@ client_error (other 4xx)      (upstream's)             no     no      no        
 
 What each new-style reason means: ``first_byte_timeout``, a non-stream answer's first body
 byte did not arrive within ``first_byte_s``; ``body_timeout``, its body then stopped for
-``idle_s``; ``empty_answer``, a 200 with an empty body or a stream that ended before its
-first complete event; ``invalid_answer``, a 200 whose body is not the endpoint's JSON
-(truncated, invalid, no ``choices``/``data``); ``error_answer``, a 200 whose body (or a
-stream's first events, before anything reached the client) is an error object.
+``idle_s``; ``upstream_redirect``, the upstream answered a 3xx: the gateway never follows
+a redirect (it would re-send the prompt and the deployment's key to wherever the upstream
+points, loopback included) and never takes one for an answer, so a ``base_url`` that
+redirects is a misconfigured deployment, tried no more, and others are; ``empty_answer``,
+a 200 with an empty body or a stream that ended before its first complete event;
+``invalid_answer``, a 200 whose body is not the endpoint's JSON (truncated, invalid, no
+``choices``/``data``); ``error_answer``, a 200 whose body (or a stream's first events,
+before anything reached the client) is an error object.
 
 A failure that stands for an upstream HTTP status keeps that status as its reason name
 (``"429"``, ``"401"``, ``"520"``), which is what ``retry_on``, spans and logs match; its
@@ -123,12 +128,43 @@ _ROWS = (
     _row("503",                   "upstream_unavailable",  _Unavailable,           Y,    Y,     Y),
     _row("504",                   "upstream_timeout",      _Timeout,               Y,    Y,     Y),
     _row("upstream_auth_failed",  "upstream_auth_failed",  _Err,                   Y,    Y,     Y,       N),
+    _row("upstream_redirect",     "upstream_redirect",     _Err,                   Y,    Y,     Y,       N),
     _row("upstream_not_found",    "upstream_not_found",    _Err,                   N,    N,     N),
     _row("upstream_timed_out",    "upstream_timeout",      _Timeout,               N,    N,     N),
     _row("upstream_failed",       "upstream_error",        _Err,                   N,    N,     N),
     _row("client_error",          None,                    UpstreamStatusError,    N,    N,     N),
 )
 # fmt: on
+
+# What a client reads for each row: plain words, never an exception's text, the upstream's
+# own answer or a deployment's name (those are the error's detail: the log line and the
+# trace keep it). An upstream status is added as "(HTTP 503)".
+_PLAIN: Mapping[str, str] = {
+    "connect": "The upstream could not be reached.",
+    "connect_timeout": "The upstream could not be reached in time.",
+    "first_token_timeout": "The upstream sent no first token in time.",
+    "first_byte_timeout": "The upstream sent no answer in time.",
+    "total_timeout": "The request did not finish within its time limit.",
+    "idle_timeout": "The upstream stopped sending in the middle of the answer.",
+    "body_timeout": "The upstream stopped sending its answer.",
+    "upstream_disconnected": "The connection to the upstream broke.",
+    "stream_incomplete": "The upstream ended the stream before it finished.",
+    "malformed_chunk": "The upstream sent an event that is not valid.",
+    "empty_answer": "The upstream sent an empty answer.",
+    "invalid_answer": "The upstream sent an answer that is not valid.",
+    "error_answer": "The upstream answered with an error.",
+    "429": "The upstream is rate limited; retry after the time Retry-After gives.",
+    "500": "The upstream failed.",
+    "502": "The upstream failed.",
+    "503": "The upstream is unavailable.",
+    "504": "The upstream timed out.",
+    "upstream_auth_failed": "The upstream rejected the gateway's credentials (its operator must fix them).",
+    "upstream_redirect": "The upstream answered a redirect, which the gateway does not follow.",
+    "upstream_not_found": "The upstream does not serve the model it was asked for.",
+    "upstream_timed_out": "The upstream timed out.",
+    "upstream_failed": "The upstream failed.",
+}
+_NO_DEPLOYMENT = "No deployment can take the request now; retry shortly."
 
 FAILURES: Mapping[str, Failure] = {row.reason: row for row in _ROWS}
 """Reason name -> row."""
@@ -149,6 +185,24 @@ def failure_of(exc: SwitchyardError) -> Failure | None:
     if isinstance(exc, UpstreamError) and exc.failure is not None:
         return FAILURES[exc.failure]
     return _BY_CODE.get(exc.code or "")
+
+
+def client_message(exc: SwitchyardError) -> str | None:
+    """The plain message a client sees for an upstream failure; ``None`` when the error's own
+    message is meant for the client (the gateway's own words, or an upstream's 4xx about
+    the request, relayed as it said it)."""
+    if not isinstance(exc, UpstreamError) or isinstance(exc, UpstreamStatusError):
+        return None
+    if exc.public is not None:
+        return exc.public
+    row = failure_of(exc)
+    if row is None or row.error is UpstreamStatusError:
+        return None
+    if exc.failure is None and exc.upstream_status is None and row.reason == "503":
+        # Not an upstream's 503: every circuit open, or a replica set not ready yet.
+        return _NO_DEPLOYMENT
+    text = _PLAIN[row.reason]
+    return text if exc.upstream_status is None else f"{text[:-1]} (HTTP {exc.upstream_status})."
 
 
 def failure_reason(exc: SwitchyardError) -> str:
@@ -196,6 +250,8 @@ def http_failure(status: int) -> str:
         return key
     if status in (401, 403):
         return "upstream_auth_failed"
+    if 300 <= status < 400:
+        return "upstream_redirect"
     if status == 404:
         return "upstream_not_found"
     if status == 408:
@@ -237,6 +293,13 @@ def status_error(
         error = row.error(
             f"deployment '{name}' rejected the gateway's credentials (HTTP {status}); "
             "check the key its api_key_env names",
+            code=row.code,
+        )
+    elif row.reason == "upstream_redirect":
+        location = str(headers.get("Location", ""))[:200] or "no Location"
+        error = row.error(
+            f"deployment '{name}' answered a redirect (HTTP {status} to {location}), which the gateway "
+            "does not follow; check its base_url",
             code=row.code,
         )
     elif row.reason == "upstream_not_found":

@@ -1,7 +1,8 @@
-"""The main app's middleware: a context and an id for every request, the virtual-key check
-on ``/v1``, the request body read within its deadline (and in an encoding the gateway can
-decode), every failure turned into OpenAI's error JSON, and the finished request handed
-to the pipeline's sinks."""
+"""The main app's middleware: a context and an id for every request, the browser checks
+(a foreign ``Origin`` where no key guards, a JSON ``Content-Type``: :mod:`gateway.http.browser`),
+the virtual-key check on ``/v1``, the request body read within its deadline (and in an
+encoding the gateway can decode), every failure turned into OpenAI's error JSON, and the
+finished request handed to the pipeline's sinks."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from gateway.errors import (
     RequestTooLargeError,
     SwitchyardError,
 )
-from gateway.http.redact import scrub
+from gateway.http import browser
+from gateway.http.redact import for_client
 from gateway.http.responses import cancelled_by_drain, error_response, shutdown_error
 from gateway.http.state import AUTH_MODE, CTX, IN_FLIGHT, KEYS, POLICY, SETTINGS, STAGES, TRACING
 from gateway.pipeline import finish
@@ -126,6 +128,10 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Give every request a context and an id; turn every failure into OpenAI's error JSON;
     hand each finished API request to the pipeline's sinks (the log line, metrics, stats)."""
     app = request.app
+    if request.method == "OPTIONS":
+        answer = browser.preflight(request, app[SETTINGS])
+        if answer is not None:
+            return answer
     ctx = RequestContext(
         request_id=_request_id(request),
         endpoint=request.path,
@@ -143,18 +149,24 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     if task is not None:
         in_flight.add(task)
     try:
+        settings = app[SETTINGS]
+        cors = browser.screen_origin(request, settings, browser.unguarded(request, app[AUTH_MODE], settings))
+        # On every answer of this request, a stream's and an error's included.
+        ctx.response_headers.update(cors)
         if api and app[AUTH_MODE] == "keys":
             await _authenticate(request, ctx)
         elif api:
             # No virtual keys: the per-key views name a client by a short hash of its token.
             api_key = request.headers.get("x-api-key")
             ctx.key_id = key_label(request.headers.get("Authorization") or (api_key and f"Bearer {api_key}"))
-        await _read_body(request, app[SETTINGS].request_body_timeout_s)
+        if request.match_info.http_exception is None:
+            browser.check_content_type(request)
+        await _read_body(request, settings.request_body_timeout_s)
         resp = await handler(request)
+        if cors and not resp.prepared:
+            resp.headers.update(cors)
     except SwitchyardError as exc:
-        ctx.error_code = exc.code
-        exc.message = scrub(app, ctx.snapshot, exc.message)
-        resp = error_response(exc, ctx)
+        resp = error_response(for_client(app, ctx, exc), ctx)
         if exc.status == 408:
             await _answer_and_close(request, resp)
     except web.HTTPException as exc:

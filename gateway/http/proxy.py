@@ -17,6 +17,7 @@ from gateway.context import RequestContext
 from gateway.dispatch.fanout import parse_fanout, run_fanout, timeout_override
 from gateway.errors import InvalidRequestError, ModelNotFoundError, SwitchyardError
 from gateway.http.middleware import Handler
+from gateway.http.redact import for_client
 from gateway.http.responses import json_response, read_json, route_headers
 from gateway.http.state import CTX, STAGES
 from gateway.http.streaming import forward_stream
@@ -69,8 +70,8 @@ async def fanout(request: web.Request) -> web.Response:
                 stages, ctx, ChatCompletionRequest, "/chat/completions", body, request.headers
             )
         except SwitchyardError as exc:
-            ctx.status, ctx.error_code = exc.status, exc.code
-            return exc.status, route_headers(ctx), exc.to_json()
+            ctx.status = exc.status
+            return exc.status, route_headers(ctx), for_client(request.app, ctx, exc).to_json()
         except asyncio.CancelledError:
             ctx.status, ctx.error_code = 504, "fanout_item_timeout"
             raise

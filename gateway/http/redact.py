@@ -1,5 +1,6 @@
-"""Secrets kept out of what a client sees: error messages that quote an upstream, and the
-policy as ``/admin/policy`` shows it."""
+"""What a client must not see kept out of what it sees: secrets in error messages that
+quote an upstream, the detail of an upstream failure (exception text, the upstream's answer,
+deployment names), and secrets in the policy as ``/admin/policy`` shows it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import PolicySnapshot
+from gateway.context import RequestContext
+from gateway.dispatch.failures import client_message
+from gateway.errors import SwitchyardError
 from gateway.http.state import SECRETS, SETTINGS
 
 
@@ -36,6 +40,24 @@ def scrub(app: web.Application, snapshot: PolicySnapshot, text: str) -> str:
         if secret in text:
             text = text.replace(secret, "<redacted>")
     return text
+
+
+def for_client(app: web.Application, ctx: RequestContext, exc: SwitchyardError) -> SwitchyardError:
+    """``exc`` made fit for the client, in place: an upstream failure's message becomes its
+    row's plain message (naming the deployment only for callers the policy's
+    ``errors.expose_deployments`` trusts), its detail goes to ``ctx.error_detail`` for the log
+    line and the trace; any secret the gateway holds is replaced in both."""
+    ctx.error_code = exc.code
+    plain = client_message(exc)
+    if plain is not None:
+        ctx.error_detail = scrub(app, ctx.snapshot, exc.message)
+        key_name = ctx.key.name if ctx.key is not None else None
+        if ctx.deployment is not None and ctx.snapshot.policy.errors.shows_deployment(key_name):
+            plain = f"{plain} Deployment: '{ctx.deployment}'."
+        exc.message = plain
+    else:
+        exc.message = scrub(app, ctx.snapshot, exc.message)
+    return exc
 
 
 def redacted_policy(snapshot: PolicySnapshot) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from aiohttp import web
 from gateway.context import RequestContext
 from gateway.dispatch.dispatcher import OpenStream
 from gateway.errors import SwitchyardError, sse_error_event
-from gateway.http.redact import scrub
+from gateway.http.redact import for_client
 from gateway.http.responses import cancelled_by_drain, route_headers, shutdown_error
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -61,9 +61,7 @@ async def forward_stream(
                 headers_sent = True
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
-        ctx.error_code = exc.code
-        exc.message = scrub(request.app, ctx.snapshot, exc.message)
-        tail += error_event(exc)
+        tail += error_event(for_client(request.app, ctx, exc))
     except ConnectionError:
         ctx.status = 499
         ctx.error_code = "client_disconnected"

@@ -153,7 +153,13 @@ class HttpTransport(Transport):
                 total=None, sock_connect=connect_timeout_s
             )
         resp = await self._get_session().post(
-            self._base_url + endpoint, data=orjson.dumps(body), headers=headers, timeout=timeout
+            self._base_url + endpoint,
+            data=orjson.dumps(body),
+            headers=headers,
+            timeout=timeout,
+            # Never follow an upstream's redirect: it would re-send the prompt and the key
+            # wherever the upstream points. A 3xx is a failure (``upstream_redirect``).
+            allow_redirects=False,
         )
         return _Response(resp)
 

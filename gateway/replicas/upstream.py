@@ -284,10 +284,15 @@ class ReplicaSetUpstream(VllmProvider):
         healthy = sum(r.healthy for r in self.replicas)
         errors = sorted({r.last_error for r in self.replicas if r.last_error})
         detail = f" ({'; '.join(errors)})" if errors else " (starting)"
-        return UpstreamUnavailableError(
+        error = UpstreamUnavailableError(
             f"deployment '{self.name}' is not ready: {healthy} of {len(self.replicas)} replicas "
             f"answer /health{detail}"
         )
+        error.public = (
+            f"The deployment is not ready yet: {healthy} of {len(self.replicas)} replicas answer /health; "
+            "retry shortly."
+        )
+        return error
 
     async def send(
         self,

@@ -167,6 +167,7 @@ def log_request(done: FinishedRequest) -> None:
         stream=done.stream,
         status=done.status,
         error_code=done.error_code,
+        error_detail=done.error_detail,
         attempts=done.attempts,
         ttft_ms=round(ttft, 2) if ttft is not None else None,
         total_ms=round(done.e2e_ms, 2),

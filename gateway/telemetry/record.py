@@ -56,6 +56,8 @@ class FinishedRequest:
     cache_ttl_s: float
     route: Route | None = None
     """The router's decision (tier, reason, classifier score), before any escalation."""
+    error_detail: str | None = None
+    """The failure as the gateway saw it (the client got a plain message)."""
 
     @property
     def failed(self) -> bool:
@@ -96,4 +98,5 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         prefix_chain=ctx.prefix_chain,
         cache_ttl_s=policy.shaping.cache_ttl_s,
         route=ctx.route,
+        error_detail=ctx.error_detail,
     )

@@ -167,6 +167,8 @@ def _finish_attributes(span: Span, ctx: RequestContext) -> None:
         attributes["switchyard.ttft_ms"] = round(ttft, 3)
     if ctx.error_code:
         attributes["error.type"] = ctx.error_code
+    if ctx.error_detail:
+        attributes["switchyard.error.detail"] = ctx.error_detail
     span.set_attributes(attributes)
     if ctx.status >= 500 or (ctx.error_code and ctx.status < 400):
         # A 5xx, or a stream that broke after its 200 went out.

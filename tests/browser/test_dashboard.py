@@ -166,3 +166,9 @@ def test_dashboard_shows_the_api_figures_and_refreshes(
     wait_for(lambda: shown(browser)["deployments/sim-fast/requests"][1] == "7")
     assert shown(browser)["totals/requests"][1] == "11"
     wait_for(lambda: chart_sum(browser, "requests", "requests") == 11)
+    # A request refused before any deployment counts too, by its error code.
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    wait_for(lambda: shown(browser).get("totals/errors_by_code/model_not_found", ("", ""))[1] == "1")
+    assert shown(browser)["totals/requests"][1] == "12"
+    assert shown(browser)["deployments/sim-fast/requests"][1] == "7"

@@ -183,4 +183,58 @@ def test_stream_cut_mid_answer_ends_with_an_error_event(client: openai.OpenAI, s
         for chunk in stream:
             received.append(chunk)
     assert received, "the first chunks were forwarded before the cut"
-    assert "broke the stream" in info.value.message or "ended the stream" in info.value.message
+    # A plain message; the exception text and the deployment stay in the log (see below).
+    assert info.value.message in (
+        "The connection to the upstream broke.",
+        "The upstream ended the stream before it finished.",
+    )
+
+
+def _request_line(gateway: GatewayProcess, request_id: str) -> dict[str, Any]:
+    return gateway.wait_log(
+        lambda line: line.get("event") == "request" and line.get("request_id") == request_id
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "fault", "code"),
+    [
+        ("dead", None, "connect_failed"),
+        ("fast", "error=500", "upstream_error"),
+        ("fast", "reset_mid_stream=0", "upstream_disconnected"),
+    ],
+)
+def test_upstream_failures_reach_the_client_as_a_code_and_a_plain_message(
+    client: openai.OpenAI, gateway: GatewayProcess, sim: SimServer, model: str, fault: str | None, code: str
+) -> None:
+    """No exception text (``ClientConnectorError``, ``ConnectionResetError(104 ...)``), no
+    upstream answer and no deployment name reach the client; the log line keeps them."""
+    if fault:
+        sim.set_fault("sim-fast", fault, count=1)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model=model, messages=MESSAGES)  # type: ignore[arg-type]
+    err = info.value
+    assert err.code == code
+    message = err.body["message"]  # type: ignore[index]
+    for leak in ("sim-fast", "dead", "deployment", "Error", "errno", "127.0.0.1", "HTTP 500:"):
+        assert leak not in message, (leak, message)
+    assert message.startswith("The upstream") or message.startswith("The connection")
+    line = _request_line(gateway, err.response.headers["x-request-id"])
+    assert line["error_code"] == code
+    assert f"deployment '{model if model == 'dead' else 'sim-fast'}'" in line["error_detail"]
+
+
+def test_a_policy_switch_names_the_deployment_for_trusted_callers(make_gateway: Any, sim: SimServer) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    policy = f"""
+deployments:
+  dead: {{base_url: "{dead}"}}
+tiers: {{fast: [dead]}}
+dispatch: {{retries: {{max: 0}}}}
+errors: {{expose_deployments: true}}
+"""
+    gw = make_gateway(policy)
+    sdk = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as info:
+        sdk.chat.completions.create(model="fast", messages=MESSAGES)  # type: ignore[arg-type]
+    assert info.value.body["message"] == "The upstream could not be reached. Deployment: 'dead'."  # type: ignore[index]

@@ -183,9 +183,14 @@ tiers: {{fast: [local]}}
         c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 503
     assert info.value.code == "upstream_unavailable"
+    # The client reads why in plain words; which deployment and the connect error are logged.
+    assert info.value.message.endswith(
+        "The deployment is not ready yet: 0 of 2 replicas answer /health; retry shortly."
+    )
+    line = gw.wait_log(lambda line: line.get("event") == "request" and line.get("status") == 503)
     assert (
         "deployment 'local' is not ready: 0 of 2 replicas answer /health (cannot connect"
-        in info.value.message
+        in line["error_detail"]
     )
 
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from gateway.dashboard import bucket_of, bucket_value_ms, key_label, percentile_ms
-from tests.helpers import GatewayProcess, SimServer
+from tests.helpers import GatewayProcess, SimServer, sim_policy
 
 
 def test_buckets_are_ten_percent_wide_and_percentiles_are_within_five_percent() -> None:
@@ -138,3 +138,62 @@ def test_with_an_admin_key_the_page_loads_but_its_data_needs_the_key(
     )
     with urllib.request.urlopen(request, timeout=5) as resp:
         assert json.loads(resp.read())["since_s"] == 300
+
+
+def test_requests_that_reach_no_deployment_are_counted_by_code_and_key(
+    make_gateway: Any, sim: SimServer
+) -> None:
+    """400, 404, 401 and 429 storms: /metrics counted them, the dashboard showed 1 request."""
+    admin_key = "adm-dash-77e1"
+    gw = make_gateway(
+        sim_policy(sim.base_url), env={"SWITCHYARD_AUTH": "keys", "SWITCHYARD_ADMIN_KEY": admin_key}
+    )
+    admin_headers = {"Content-Type": "application/json", "Authorization": f"Bearer {admin_key}"}
+
+    def create(name: str, **limits: Any) -> Any:
+        req = urllib.request.Request(
+            gw.url + "/admin/keys", data=json.dumps({"name": name, **limits}).encode(), headers=admin_headers
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    limited, plain = create("limited", rpm=1), create("plain")
+    hello = [{"role": "user", "content": "hi"}]
+    one = openai.OpenAI(base_url=gw.base_url, api_key=limited["key"], max_retries=0)
+    one.chat.completions.create(model="fast", messages=hello)
+    for _ in range(2):
+        with pytest.raises(openai.RateLimitError):
+            one.chat.completions.create(model="fast", messages=hello)
+    wrong = openai.OpenAI(base_url=gw.base_url, api_key="sk-sy-0123456789ab_wrong", max_retries=0)
+    for _ in range(3):
+        with pytest.raises(openai.AuthenticationError):
+            wrong.chat.completions.create(model="fast", messages=hello)
+    other = openai.OpenAI(base_url=gw.base_url, api_key=plain["key"], max_retries=0)
+    for _ in range(2):
+        with pytest.raises(openai.NotFoundError):
+            other.chat.completions.create(model="gpt-9", messages=hello)
+        with pytest.raises(openai.BadRequestError):
+            other.chat.completions.create(model="fast", messages=[{"role": "wizard", "content": "x"}])  # type: ignore[misc,list-item]
+    deadline = time.monotonic() + 5
+    req = urllib.request.Request(gw.url + "/admin/dashboard?since=1h", headers=admin_headers)
+    while True:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            d = json.loads(resp.read())
+        if d["totals"]["requests"] >= 10 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    totals = d["totals"]
+    assert totals["requests"] == 10 and totals["errors"] == 9, totals
+    assert totals["errors_by_code"] == {
+        "rate_limit_exceeded": 2,
+        "invalid_api_key": 3,
+        "model_not_found": 2,
+        "invalid_value": 2,
+    }
+    assert "(none)" not in d["deployments"] and d["deployments"]["sim-fast"]["requests"] == 1
+    assert d["keys"][limited["id"]]["(none)"]["errors_by_code"] == {"rate_limit_exceeded": 2}
+    assert d["keys"][plain["id"]]["(none)"]["requests"] == 4
+    assert d["keys"]["-"]["(none)"]["errors"] == 3
+    assert sum(d["series"]["requests"]) == 10 and sum(d["series"]["errors"]) == 9
+    # Latencies stay the upstreams': refused requests add no sample and no chart line.
+    assert totals["e2e_ms"]["count"] == 1 and "(none)" not in d["series"]["deployments"]

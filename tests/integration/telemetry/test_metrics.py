@@ -176,7 +176,12 @@ def test_metrics_with_two_workers_sum_every_worker(make_gateway: Any, msim: SimS
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
             pids.add(resp.read())
     assert len(pids) == 2, "both workers answer"
-    time.sleep(0.6)  # each worker adds its tallies to the shared files every quarter second
+    # Each worker adds its tallies to the shared files every quarter second: wait for that
+    # (a loaded machine can delay it past any fixed sleep), then every scrape must agree.
+    deadline = time.monotonic() + 15
+    while value(scrape(f"http://127.0.0.1:{port}"), "switchyard_requests_total", deployment="a") < 40:
+        assert time.monotonic() < deadline, "the workers' tallies never reached the shared files"
+        time.sleep(0.05)
     # Whichever worker answers the scrape, it reports both workers' requests.
     for _ in range(6):
         m = scrape(f"http://127.0.0.1:{port}")
@@ -196,8 +201,14 @@ def test_a_dead_workers_counts_stay_in_the_sum_after_its_restart(make_gateway: A
             pids.add(json.loads(resp.read())["pid"])
     victim = min(pids)
     # A worker adds its tallies to the shared files every quarter second; killed outright, it
-    # loses only what came after its last sync.
-    time.sleep(0.6)
+    # loses what came after its last sync. A fixed sleep here stood for "both have synced",
+    # which a loaded machine can make false (a worker's loop waits for a core past it): the
+    # kill then took unsynced requests with it. Kill only once the shared files hold all 20:
+    # a scrape syncs the worker that answers it and reads the other's file, so 20 means both.
+    deadline = time.monotonic() + 15
+    while value(scrape(gw.url), "switchyard_requests_total", deployment="a", status="200") < 20:
+        assert time.monotonic() < deadline, "the workers' tallies never reached the shared files"
+        time.sleep(0.05)
     os.kill(victim, signal.SIGKILL)
     # The parent restarts it; until then and after, every scrape still counts all 20.
     deadline = time.monotonic() + 15
