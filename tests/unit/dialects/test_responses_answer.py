@@ -177,7 +177,9 @@ def test_native_scanner_flags_invalid_json_that_ends_like_an_object() -> None:
     later = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"y"}\n\n'
     out = scanner.feed(good + bad)
     assert out == good  # the events before it are forwarded, the bad one is not
-    assert scanner.malformed is not None and scanner.malformed.startswith(b"event: response.output_text.delta")
+    assert scanner.malformed is not None and scanner.malformed.startswith(
+        b"event: response.output_text.delta"
+    )
     assert scanner.feed(later) == b""  # nor anything after it
 
 
