@@ -56,6 +56,10 @@ class FinishedRequest:
     cache_ttl_s: float
     route: Route | None = None
     """The router's decision (tier, reason, classifier score), before any escalation."""
+    cache: str | None = None
+    """The response cache's outcome (hit, miss, store, bypass); None when it was not used."""
+    cache_saved_nano_usd: int = 0
+    """What a cache hit would have cost upstream (its own cost is 0)."""
 
     @property
     def failed(self) -> bool:
@@ -70,6 +74,11 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
     if ctx.deployment is not None:
         found = policy.deployments.get(ctx.deployment)
         cost = cost_nano_usd(found.price if found is not None else None, ctx.usage)
+    plan = ctx.cache
+    saved = 0
+    if ctx.cache_hit:
+        # Nothing went upstream: the hit bills nothing, and saves what the answer cost.
+        cost, saved = 0, cost
     return FinishedRequest(
         request_id=ctx.request_id,
         endpoint=ctx.endpoint,
@@ -96,4 +105,6 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         prefix_chain=ctx.prefix_chain,
         cache_ttl_s=policy.shaping.cache_ttl_s,
         route=ctx.route,
+        cache=plan.outcome if plan is not None else None,
+        cache_saved_nano_usd=saved,
     )
