@@ -220,5 +220,16 @@ class DashboardStats:
                     for t in cache["templates"]
                 ],
             },
+            "response_cache": {
+                k: cache["totals"][k]
+                for k in (
+                    "rc_hits",
+                    "rc_misses",
+                    "rc_stores",
+                    "rc_hit_rate",
+                    "rc_saved_tokens",
+                    "rc_saved_usd",
+                )
+            },
             "series": series.result(),
         }

@@ -5,7 +5,10 @@ answers that must never be kept are not."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +19,8 @@ import openai
 import pytest
 import redis
 
-from tests.helpers import GatewayProcess, SimServer
+from gateway.cachestats.cli import render
+from tests.helpers import ROOT, GatewayProcess, SimServer
 from tests.integration.gateway.test_keys import ADMIN_KEY, admin
 
 KEYED = {"SWITCHYARD_AUTH": "keys", "SWITCHYARD_ADMIN_KEY": ADMIN_KEY}
@@ -65,6 +69,7 @@ def keys(gateway: GatewayProcess) -> dict[str, str]:
         status, body = admin(gateway, "POST", "/admin/keys", {"name": name})
         assert status in (200, 201), body
         made[name] = body["key"]
+        made[name + ":id"] = body["id"]
     return made
 
 
@@ -369,3 +374,47 @@ def test_cache_counters_show_hits_and_money_saved(
         assert time.monotonic() < deadline, stats
         time.sleep(0.1)
     assert row["rc_stores"] >= 1 and row["rc_saved_usd"] > 0 and row["rc_saved_tokens"] > 0
+
+
+def switchyard(redis_url: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", *args, "--redis-url", redis_url],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_metrics_stats_and_the_cache_command_show_and_purge_entries(
+    gateway: GatewayProcess, keys: dict[str, str], redis_url: str
+) -> None:
+    client = oai(gateway, keys["team-a1"])
+    messages = ask()
+    before = len(entries(redis_url))
+    chat(client, messages)
+    wait_stored(redis_url, before)
+    assert chat(client, messages)[0] == "hit"
+    deadline = time.monotonic() + 5
+    while True:
+        with urllib.request.urlopen(gateway.url + "/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        if 'switchyard_response_cache_total{deployment="sim-fast",outcome="hit"}' in metrics:
+            break
+        assert time.monotonic() < deadline, metrics[-3000:]
+        time.sleep(0.1)
+    assert "switchyard_response_cache_saved_usd_total" in metrics
+    _, report = admin(gateway, "GET", "/admin/stats?since=10m")
+    assert "Response cache" in render(report)
+    listed = json.loads(switchyard(redis_url, "cache", "list", "--namespace", "team-a", "--json"))
+    assert listed and {row["namespace"] for row in listed} == {"team-a"}
+    inspected = json.loads(switchyard(redis_url, "cache", "inspect", listed[0]["id"]))
+    assert inspected["answer"]["choices"] and inspected["deployment"] == "sim-fast"
+    mine = keys["team-a1:id"]
+    assert "deleted" in switchyard(redis_url, "cache", "purge", "--key", mine)
+    assert all(row["key_id"] != mine for row in json.loads(switchyard(redis_url, "cache", "list", "--json")))
+    switchyard(redis_url, "cache", "purge", "--namespace", "team-a")
+    assert json.loads(switchyard(redis_url, "cache", "list", "--namespace", "team-a", "--json")) == []
+    assert chat(client, messages)[0] == "store"
