@@ -174,7 +174,8 @@ def _prepare(
     cache_policy = ctx.snapshot.policy.cache
     if cache_policy.active and stages.cache is not None:
         key = ctx.key
-        plan = plan_request(cache_policy, endpoint, body, headers, ctx.key_id, key.name if key else None)
+        name = key.name if key else None
+        plan = plan_request(cache_policy, endpoint, body, headers, ctx.key_id, name, tools_json)
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:

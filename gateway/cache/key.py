@@ -79,25 +79,46 @@ def client_directives(headers: Mapping[str, str]) -> tuple[bool, bool]:
     return read, "no-store" not in control
 
 
-def canonical_request(body: Mapping[str, Any]) -> bytes:
-    """The request's fields that shape its answer, in one byte form per meaning."""
+_TOOLS_SEEN: dict[bytes, bytes] = {}
+"""The canonical JSON of tool lists seen lately, by the client's own bytes: an agent sends
+the same tools with every step, and canonicalising 20 tools costs far more than a lookup."""
+_TOOLS_SEEN_MAX = 512
+
+
+def _canonical_tools(tools: list[Any], tools_json: bytes | None) -> bytes:
+    if tools_json is not None:
+        found = _TOOLS_SEEN.get(tools_json)
+        if found is not None:
+            return found
+    out = orjson.dumps([canonical_wrapper(tool) for tool in tools])
+    if tools_json is not None:
+        if len(_TOOLS_SEEN) >= _TOOLS_SEEN_MAX:
+            _TOOLS_SEEN.clear()
+        _TOOLS_SEEN[tools_json] = out
+    return out
+
+
+def canonical_request(body: Mapping[str, Any], tools_json: bytes | None = None) -> bytes:
+    """The request's fields that shape its answer, in one byte form per meaning.
+    ``tools_json`` is the client's ``tools`` as compact JSON when the caller has it."""
     plain: dict[str, Any] = {}
-    schemas: dict[str, Any] = {}
+    schemas: list[bytes] = []
     for name, value in body.items():
         if name in _UNKEYED:
             continue
-        if name in ("tools", "functions") and isinstance(value, list):
-            schemas[name] = [canonical_wrapper(tool) for tool in value]
+        if name == "tools" and isinstance(value, list):
+            schemas.append(b"tools=" + _canonical_tools(value, tools_json))
+        elif name == "functions" and isinstance(value, list):
+            schemas.append(b"functions=" + _canonical_tools(value, None))
         elif name == "response_format":
-            schemas[name] = canonical_wrapper(value)
+            schemas.append(b"response_format=" + orjson.dumps(canonical_wrapper(value)))
         elif name == "text" and isinstance(value, dict):
-            schemas[name] = {
-                k: canonical_wrapper(v) if k == "format" else v for k, v in sorted(value.items())
-            }
+            text = {k: canonical_wrapper(v) if k == "format" else v for k, v in sorted(value.items())}
+            schemas.append(b"text=" + orjson.dumps(text))
         else:
             plain[name] = value
     # Only the schema objects keep their properties' order: the rest is sorted by orjson.
-    return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS) + b"\x00" + orjson.dumps(sorted(schemas.items()))
+    return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS) + b"\x00" + b"\x00".join(sorted(schemas))
 
 
 def plan_request(
@@ -107,6 +128,7 @@ def plan_request(
     headers: Mapping[str, str],
     key_id: str | None,
     key_name: str | None,
+    tools_json: bytes | None = None,
 ) -> CachePlan | None:
     """The cache's plan for a request before it is shaped (None: the cache is not for it).
     The key's hash is finished by :func:`settle` once the deployment is known."""
@@ -125,7 +147,7 @@ def plan_request(
     ):
         return CachePlan(kind, b"", False, False, namespace)
     try:
-        canonical = canonical_request(body)
+        canonical = canonical_request(body, tools_json)
     except (TypeError, orjson.JSONEncodeError):
         return CachePlan(kind, b"", False, False, namespace)
     digest = hashlib.blake2b(canonical, digest_size=20, person=kind.encode()).digest()

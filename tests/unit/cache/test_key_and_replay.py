@@ -150,3 +150,19 @@ def test_a_response_replayed_as_events_ends_with_the_response_itself() -> None:
     deltas = [orjson.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: ")]
     assert [d["sequence_number"] for d in deltas] == list(range(len(deltas)))
     assert "".join(d["delta"] for d in deltas if d["type"] == "response.output_text.delta") == "hello"
+
+
+def test_tools_written_in_another_key_order_share_an_entry() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    moved = {
+        "function": {"parameters": {"properties": {}, "type": "object"}, "name": "f"},
+        "type": "function",
+    }
+    keys = set()
+    for tools in ([tool], [moved], [tool]):
+        plan = plan_request(ON, "/chat/completions", body(tools=tools), {}, "a", None, orjson.dumps(tools))
+        assert plan is not None
+        settled = settle(plan, ON, "fast", "sim-fast", "m")
+        assert settled is not None
+        keys.add(settled.key)
+    assert len(keys) == 1
