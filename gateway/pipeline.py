@@ -134,7 +134,7 @@ async def open_stream(
     stages.shaping.prefix_hit(ctx)
     if plan is not None and plan.write and plan.key and stages.cache is not None:
         policy = ctx.snapshot.policy.cache
-        return RecordingStream(stages.cache, plan, ctx, body, opened, policy.store_length, _template(ctx))
+        return RecordingStream(stages.cache, plan, ctx, body, opened, policy, _template(ctx))
     return opened
 
 
@@ -238,11 +238,20 @@ def _settle(ctx: RequestContext, plan: CachePlan, route: Route) -> None:
 
 async def _lookup(stages: Stages, ctx: RequestContext, plan: CachePlan) -> Entry | None:
     """The entry that answers this request, marked as its answer; None on a miss."""
-    assert stages.cache is not None
-    entry = await stages.cache.lookup(plan)
+    cache = stages.cache
+    assert cache is not None
+    entry = await cache.lookup(plan)
     if entry is not None:
-        hit(ctx, plan, entry)
-    return entry
+        hit(ctx, plan, entry, plan.key)
+        return entry
+    semantic = ctx.snapshot.policy.cache.semantic
+    if plan.group and semantic.enabled:
+        found = await cache.nearest(plan, semantic.threshold)
+        if found is not None:
+            entry, similarity, key = found
+            hit(ctx, plan, entry, key, similarity)
+            return entry
+    return None
 
 
 def _template(ctx: RequestContext) -> str | None:
@@ -261,8 +270,7 @@ def _keep_unary(
         return
     if not isinstance(answer, dict):
         return
-    allow_length = ctx.snapshot.policy.cache.store_length
-    if keep_answer(stages.cache, plan, ctx, body, answer, raw, allow_length, _template(ctx)):
+    if keep_answer(stages.cache, plan, ctx, body, answer, raw, ctx.snapshot.policy.cache, _template(ctx)):
         plan.outcome = "store"
         ctx.response_headers[CACHE_HEADER] = "store"
 

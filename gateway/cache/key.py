@@ -28,6 +28,9 @@ _UNKEYED = frozenset({"model", "stream", "stream_options", "store"})
 
 PREFIX = "sy:rc:"
 """Every entry's Redis key starts so: ``sy:rc:<namespace>:<hash>``."""
+VECTORS = "sy:rcv:"
+"""The semantic cache's vectors: ``sy:rcv:<namespace>:<context hash>``, a hash of entry id ->
+float32 vector, and ``...:ver`` its version (bumped on every insert)."""
 
 
 @dataclass(slots=True)
@@ -44,6 +47,14 @@ class CachePlan:
     deployment: str = ""
     ttl_s: float = 0.0
     max_bytes: int = 0
+    turn: str = ""
+    """The last user turn's text (the semantic cache embeds it); empty: no semantic lookup."""
+    context: bytes = b""
+    """The hash of the request without that text (a semantic hit needs it equal)."""
+    group: str = ""
+    """The Redis key of the vectors stored for this context, model and namespace."""
+    vector: Any = None
+    """The turn's embedding, once computed (the lookup's, reused by the store)."""
 
     @property
     def prompt_id(self) -> str:
@@ -121,6 +132,34 @@ def canonical_request(body: Mapping[str, Any], tools_json: bytes | None = None) 
     return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS) + b"\x00" + b"\x00".join(sorted(schemas))
 
 
+def last_user_turn(kind: str, body: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The text of the request's last user turn, and the request with that text taken out;
+    None when the request does not end with a user's text."""
+    if kind == "responses":
+        items = body.get("input")
+        if isinstance(items, str):
+            return items, {**body, "input": ""}
+        if not isinstance(items, list) or not items:
+            return None
+        last, key, rest = items[-1], "input", items[:-1]
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        last, key, rest = messages[-1], "messages", messages[:-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            return None  # images and files are not embedded: exact hits only
+        content = "\n".join(t for t in texts if isinstance(t, str))
+    if not isinstance(content, str) or not content.strip():
+        return None
+    return content, {**body, key: [*rest, {**last, "content": ""}]}
+
+
 def plan_request(
     policy: CachePolicy,
     endpoint: str,
@@ -152,7 +191,14 @@ def plan_request(
         return CachePlan(kind, b"", False, False, namespace)
     digest = hashlib.blake2b(canonical, digest_size=20, person=kind.encode()).digest()
     outcome = "miss" if read else "bypass"
-    return CachePlan(kind, digest, read, write, namespace, outcome)
+    plan = CachePlan(kind, digest, read, write, namespace, outcome)
+    if policy.semantic.enabled:
+        split = last_user_turn(kind, body)
+        if split is not None:
+            plan.turn = split[0]
+            context = canonical_request(split[1], tools_json)
+            plan.context = hashlib.blake2b(context, digest_size=20, person=kind.encode()).digest()
+    return plan
 
 
 def settle(
@@ -168,4 +214,7 @@ def settle(
         plan.key = f"{PREFIX}{plan.namespace}:{h}"
         plan.ttl_s = policy.ttl_for(tier, deployment, plan.namespace)
         plan.max_bytes = policy.max_bytes_for(plan.namespace)
+    if plan.context:
+        g = hashlib.blake2b(plan.context + model.encode(), digest_size=16).hexdigest()
+        plan.group = f"{VECTORS}{plan.namespace}:{g}"
     return plan

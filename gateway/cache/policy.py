@@ -9,9 +9,22 @@ sharing it read and write together). Redis evicts entries (their TTL, and Redis'
 
 from __future__ import annotations
 
+import importlib.util
+
 from pydantic import Field, PrivateAttr, model_validator
 
 from gateway.validation import Issue, Seconds, StrictModel
+
+SEMANTIC_INSTALL_HINT = "pip install 'switchyard[semantic]'"
+
+
+def missing_extra() -> str | None:
+    """What the semantic cache lacks to run, with the fix; None when it can run."""
+    for module in ("faiss", "numpy", "tokenizers", "wordllama"):
+        if importlib.util.find_spec(module) is None:
+            return f"the semantic cache needs the '{module}' package: {SEMANTIC_INSTALL_HINT}"
+    return None
+
 
 _NAMESPACE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -41,6 +54,22 @@ class NamespaceLimits(StrictModel):
     max_entry_bytes: int | None = Field(None, ge=1, description="Larger answers are not stored.")
 
 
+class SemanticCache(StrictModel):
+    """The semantic cache: a request whose last user turn is close enough to a stored one's
+    (and whose conversation before it is the same, byte for byte) gets that answer."""
+
+    enabled: bool = Field(False, description="Also serve the nearest stored answer above threshold.")
+    threshold: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Cosine similarity of the last user turns' static embeddings a hit needs.",
+    )
+    max_entries: int = Field(
+        10_000, ge=1, description="Most vectors kept per conversation context and namespace."
+    )
+
+
 class CachePolicy(StrictModel):
     """The response cache: a repeated request answered from Redis without calling upstream."""
 
@@ -63,6 +92,7 @@ class CachePolicy(StrictModel):
     namespaces: dict[str, NamespaceLimits] = Field(
         default_factory=dict, description="Per namespace (a shared one, or k:<key id>)."
     )
+    semantic: SemanticCache = Field(default_factory=SemanticCache)
     _active: bool = PrivateAttr(False)
 
     @model_validator(mode="after")
@@ -113,6 +143,10 @@ class CachePolicy(StrictModel):
             for name in self.deployments
             if name not in deployments
         )
+        if self.semantic.enabled:
+            problem = missing_extra()
+            if problem is not None:
+                found.append(Issue(loc=("cache", "semantic", "enabled"), message=problem))
         for key, spec in self.keys.items():
             ns = spec.namespace
             if ns is not None and (not ns or not set(ns) <= _NAMESPACE_CHARS or ns.startswith("k:")):

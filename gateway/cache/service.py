@@ -20,7 +20,9 @@ from redis.asyncio import Redis
 
 from gateway.cache.entry import CorruptEntry, Entry, decode
 from gateway.cache.key import CachePlan
+from gateway.cache.policy import CachePolicy
 from gateway.cache.replay import assemble_chat, chat_chunks, responses_events
+from gateway.cache.semantic import SemanticIndex
 from gateway.context import RequestContext
 from gateway.dialects.responses_native import NativeResponsesScanner
 from gateway.dispatch.attempt import OpenStream, UnaryResult
@@ -30,6 +32,8 @@ from gateway.store.gate import REDIS_FAULTS, RedisGate
 _log = structlog.get_logger("switchyard.cache")
 
 HEADER = "x-switchyard-cache"
+ENTRY_HEADER = "x-switchyard-cache-entry"
+"""The id of the entry that answered (``switchyard cache inspect`` shows it)."""
 
 
 class AnswerStream(Protocol):
@@ -53,6 +57,14 @@ class ResponseCache:
         self._redis = redis
         self._gate = gate
         self._tasks: set[asyncio.Task[None]] = set()
+        self._semantic: SemanticIndex | None = None
+
+    @property
+    def semantic(self) -> SemanticIndex:
+        """The semantic cache's index (made when a policy first uses it)."""
+        if self._semantic is None:
+            self._semantic = SemanticIndex(self._redis, self._gate)
+        return self._semantic
 
     async def lookup(self, plan: CachePlan) -> Entry | None:
         """The entry under ``plan``'s key; None when missing, corrupt, or Redis cannot answer."""
@@ -61,9 +73,24 @@ class ResponseCache:
             gate.skip()
             plan.write = False  # Redis is failing: this request runs as if the cache were off
             return None
-        key = plan.key
+        return await self._read(plan, plan.key)
+
+    async def nearest(self, plan: CachePlan, threshold: float) -> tuple[Entry, float, str] | None:
+        """The semantic cache's answer: the entry of the nearest stored turn of the plan's
+        group, its similarity and its key, when the similarity is at least ``threshold``."""
+        found = await self.semantic.nearest(plan)
+        if found is None or found[1] < threshold:
+            return None
+        key, similarity = found
+        entry = await self._read(plan, key)
+        if entry is None:
+            self._spawn(self.semantic.forget(plan, key))
+            return None
+        return entry, similarity, key
+
+    async def _read(self, plan: CachePlan, key: str) -> Entry | None:
         try:
-            data = await gate.call(lambda: self._redis.get(key))
+            data = await self._gate.call(lambda: self._redis.get(key))
         except REDIS_FAULTS:
             plan.write = False
             return None
@@ -93,6 +120,10 @@ class ResponseCache:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` off the client's path (stores, deletes); :meth:`drain` waits for it."""
+        self._spawn(coro)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -112,13 +143,18 @@ class ResponseCache:
             return
 
 
-def hit(ctx: RequestContext, plan: CachePlan, entry: Entry) -> None:
-    """Mark ``ctx`` answered from ``entry``: its deployment and usage, nothing attempted."""
+def hit(
+    ctx: RequestContext, plan: CachePlan, entry: Entry, key: str, similarity: float | None = None
+) -> None:
+    """Mark ``ctx`` answered from ``entry`` (stored under ``key``): its deployment and usage,
+    nothing attempted; a semantic hit says how similar the stored turn was."""
     plan.outcome = "hit"
     ctx.deployment = entry.deployment
     ctx.usage = entry.usage
     ctx.cache_hit = True
-    ctx.response_headers[HEADER] = "hit"
+    headers = ctx.response_headers
+    headers[HEADER] = "hit" if similarity is None else f"hit; semantic; sim={similarity:.2f}"
+    headers[ENTRY_HEADER] = key.rpartition(":")[2]
 
 
 def storable(plan: CachePlan, ctx: RequestContext, answer: dict[str, Any], allow_length: bool) -> bool:
@@ -158,14 +194,19 @@ def keep_answer(
     body: dict[str, Any],
     answer: dict[str, Any],
     raw: bytes,
-    allow_length: bool,
+    policy: CachePolicy,
     template: str | None,
 ) -> bool:
-    """Store a finished answer when it may be kept; whether it was."""
-    if not storable(plan, ctx, answer, allow_length) or not _valid_json_answer(body, answer):
+    """Store a finished answer when it may be kept (and its turn's vector, for the semantic
+    cache); whether it was."""
+    if not storable(plan, ctx, answer, policy.store_length) or not _valid_json_answer(body, answer):
         return False
     entry = Entry(plan.kind, raw, ctx.usage, plan.deployment, time.time(), ctx.key_id, template)
-    return cache.store(plan, entry)
+    if not cache.store(plan, entry):
+        return False
+    if plan.group and policy.semantic.enabled:
+        cache.spawn(cache.semantic.add(plan, policy.semantic.max_entries))
+    return True
 
 
 class _Done:
@@ -218,7 +259,7 @@ def replay_stream(plan: CachePlan, entry: Entry, body: dict[str, Any]) -> Replay
 class RecordingStream:
     """An upstream stream passed through unchanged, its answer stored once it ended whole."""
 
-    __slots__ = ("_allow_length", "_body", "_cache", "_ctx", "_inner", "_parts", "_plan", "_template")
+    __slots__ = ("_body", "_cache", "_ctx", "_inner", "_parts", "_plan", "_policy", "_template")
 
     def __init__(
         self,
@@ -227,12 +268,12 @@ class RecordingStream:
         ctx: RequestContext,
         body: dict[str, Any],
         inner: OpenStream,
-        allow_length: bool,
+        policy: CachePolicy,
         template: str | None,
     ) -> None:
         self._cache, self._plan, self._ctx, self._body = cache, plan, ctx, body
         self._inner = inner
-        self._allow_length = allow_length
+        self._policy = policy
         self._template = template
         self._parts: list[bytes] = [inner.first] if plan.kind == "chat" else []
 
@@ -280,7 +321,7 @@ class RecordingStream:
                 self._body,
                 answer,
                 raw,
-                self._allow_length,
+                self._policy,
                 self._template,
             )
 
