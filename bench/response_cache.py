@@ -34,7 +34,7 @@ from agent_request import agent_body
 
 from gateway.cache.entry import Entry
 from gateway.cache.key import plan_request, settle
-from gateway.cache.policy import CachePolicy
+from gateway.cache.policy import CachePolicy, missing_extra
 from gateway.cache.service import storable
 from gateway.context import RequestContext
 from gateway.procutil import free_port, wait_http_ok
@@ -94,6 +94,26 @@ async def _redis_get_us(url: str, runs: int, gated: bool) -> float:
     return best * 1e6
 
 
+def _semantic(runs: int) -> dict[str, float]:
+    """The semantic lookup's CPU: the turn's embedding and a search of 1,000 stored turns."""
+    import faiss
+    import numpy as np
+
+    from gateway.routing.static_embedder import load
+
+    embedder = load()
+    turns = [f"How do I do task number {i} with a list in Python?" for i in range(1000)]
+    index = faiss.IndexHNSWFlat(embedder.dimensions, 16, faiss.METRIC_INNER_PRODUCT)
+    index.add(np.stack([embedder.embed(t) for t in turns]).astype(np.float32))
+    query = np.asarray(embedder.embed("How can I reverse a Python list?"), dtype=np.float32).reshape(1, -1)
+    return {
+        "semantic: embed the last user turn": _cpu_us(
+            lambda: embedder.embed("How can I reverse a Python list?"), runs
+        ),
+        "semantic: search 1,000 stored turns (faiss HNSW)": _cpu_us(lambda: index.search(query, 1), runs),
+    }
+
+
 def in_process(runs: int) -> dict[str, float]:
     policy = CachePolicy(enabled=True)
     agent = {**orjson.loads(agent_body(20, 4)), "temperature": 0}
@@ -121,6 +141,8 @@ def in_process(runs: int) -> dict[str, float]:
             Entry("chat", ANSWER, answer.get("usage"), "sim-fast", time.time(), "k").encode()
 
     out["store's checks + encode (chat answer)"] = _cpu_us(store, runs)
+    if missing_extra() is None:
+        out.update(_semantic(runs))
     with EmbeddedRedis() as server:
         out["Redis GET, redis-py alone (client CPU)"] = asyncio.run(_redis_get_us(server.url, runs, False))
         out["Redis GET through the gate (client CPU)"] = asyncio.run(_redis_get_us(server.url, runs, True))
