@@ -55,6 +55,10 @@ class CachePlan:
     """The Redis key of the vectors stored for this context, model and namespace."""
     vector: Any = None
     """The turn's embedding, once computed (the lookup's, reused by the store)."""
+    entry_id: str | None = None
+    """The id of the entry that answered a hit."""
+    similarity: float | None = None
+    """A semantic hit's similarity."""
 
     @property
     def prompt_id(self) -> str:

@@ -149,12 +149,13 @@ def hit(
     """Mark ``ctx`` answered from ``entry`` (stored under ``key``): its deployment and usage,
     nothing attempted; a semantic hit says how similar the stored turn was."""
     plan.outcome = "hit"
+    plan.entry_id, plan.similarity = key.rpartition(":")[2], similarity
     ctx.deployment = entry.deployment
     ctx.usage = entry.usage
     ctx.cache_hit = True
     headers = ctx.response_headers
     headers[HEADER] = "hit" if similarity is None else f"hit; semantic; sim={similarity:.2f}"
-    headers[ENTRY_HEADER] = key.rpartition(":")[2]
+    headers[ENTRY_HEADER] = plan.entry_id
 
 
 def storable(plan: CachePlan, ctx: RequestContext, answer: dict[str, Any], allow_length: bool) -> bool:

@@ -144,6 +144,8 @@ class DashboardStats:
             c[name] = c.get(name, 0) + 1
         if done.cost_nano_usd:
             c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
+        if done.cache == "hit":
+            return  # answered from Redis: not the deployment's latency
         name = f"h:e2e:{bucket_of(done.e2e_ms)}"
         c[name] = c.get(name, 0) + 1
         if done.stream and done.ttft_ms is not None:

@@ -60,6 +60,10 @@ class FinishedRequest:
     """The response cache's outcome (hit, miss, store, bypass); None when it was not used."""
     cache_saved_nano_usd: int = 0
     """What a cache hit would have cost upstream (its own cost is 0)."""
+    cache_entry: str | None = None
+    """The id of the entry that answered a hit."""
+    cache_similarity: float | None = None
+    """A semantic hit's similarity."""
 
     @property
     def failed(self) -> bool:
@@ -107,4 +111,6 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         route=ctx.route,
         cache=plan.outcome if plan is not None else None,
         cache_saved_nano_usd=saved,
+        cache_entry=plan.entry_id if plan is not None else None,
+        cache_similarity=plan.similarity if plan is not None else None,
     )

@@ -76,6 +76,8 @@ def test_a_paraphrase_gets_the_stored_answer_with_its_similarity_and_id(
     header, served, content = ask(gateway, system, PARAPHRASE)
     assert header.startswith("hit; semantic; sim=") and float(header.rpartition("=")[2]) >= 0.9
     assert served == entry and content == answer
+    line = gateway.wait_log(lambda x: x.get("event") == "request" and x.get("cache_similarity") is not None)
+    assert line["cache"] == "hit" and line["cache_entry"] == entry and line["cache_similarity"] >= 0.9
     header, served, content = ask(gateway, system, PARAPHRASE, stream=True)
     assert header.startswith("hit; semantic") and content == answer
     assert sim.stats()["requests_total"] == calls
