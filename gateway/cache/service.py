@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -103,16 +103,18 @@ class ResponseCache:
             self._spawn(self._write(key, None, 0))
             return None
 
-    def store(self, plan: CachePlan, entry: Entry) -> bool:
+    def store(self, plan: CachePlan, entry: Entry, then: Callable[[], Awaitable[None]] | None = None) -> bool:
         """Keep ``entry`` under ``plan``'s key (written off the client's path); False when it
-        is over the namespace's size bound or Redis is counted unreachable."""
+        is over the namespace's size bound or Redis is counted unreachable. ``then`` runs
+        once the entry is written (the semantic cache's vector: never before its entry, or a
+        lookup in between would find the vector without its entry and drop it)."""
         if self._gate.unreachable:
             # Redis has just failed this request's lookup (or another's): storing would too.
             return False
         data = entry.encode()
         if len(data) > plan.max_bytes:
             return False
-        self._spawn(self._write(plan.key, data, max(1, int(plan.ttl_s * 1000))))
+        self._spawn(self._write(plan.key, data, max(1, int(plan.ttl_s * 1000)), then))
         return True
 
     async def drain(self) -> None:
@@ -120,16 +122,14 @@ class ResponseCache:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` off the client's path (stores, deletes); :meth:`drain` waits for it."""
-        self._spawn(coro)
-
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write(self, key: str, data: bytes | None, ttl_ms: int) -> None:
+    async def _write(
+        self, key: str, data: bytes | None, ttl_ms: int, then: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         gate = self._gate
         if gate.unreachable:
             gate.skip()
@@ -141,6 +141,8 @@ class ResponseCache:
                 await gate.call(lambda: self._redis.set(key, data, px=ttl_ms))
         except REDIS_FAULTS:
             return
+        if then is not None:
+            await then()
 
 
 def hit(
@@ -203,11 +205,14 @@ def keep_answer(
     if not storable(plan, ctx, answer, policy.store_length) or not _valid_json_answer(body, answer):
         return False
     entry = Entry(plan.kind, raw, ctx.usage, plan.deployment, time.time(), ctx.key_id, template)
-    if not cache.store(plan, entry):
-        return False
+    then = None
     if plan.group and policy.semantic.enabled:
-        cache.spawn(cache.semantic.add(plan, policy.semantic.max_entries))
-    return True
+        semantic, most = cache.semantic, policy.semantic.max_entries
+
+        async def then() -> None:
+            await semantic.add(plan, most)
+
+    return cache.store(plan, entry, then)
 
 
 class _Done:
