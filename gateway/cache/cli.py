@@ -123,6 +123,11 @@ async def _list(args: argparse.Namespace, redis: Redis) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(rows) + b"\n")
         return 0
+    info = await redis.info("stats")
+    if isinstance(info, dict) and "evicted_keys" in info:
+        # Redis's own counts (all keys, the cache's among them): the gateway evicts nothing.
+        evicted, expired = info["evicted_keys"], info.get("expired_keys", 0)
+        print(f"Redis since its start: {evicted} keys evicted, {expired} expired")
     title = f"{'ID':<32}  {'NAMESPACE':<18}  {'KIND':<9}  {'DEPLOYMENT':<16}  {'BYTES':>8}  {'TTL S':>8}"
     print(title + "  STORED (UTC)")
     for row in rows:

@@ -166,3 +166,18 @@ def test_tools_written_in_another_key_order_share_an_entry() -> None:
         assert settled is not None
         keys.add(settled.key)
     assert len(keys) == 1
+
+
+def test_a_semantic_cache_without_its_extra_is_a_policy_error_with_the_fix(monkeypatch: Any) -> None:
+    import importlib.util
+
+    from gateway.cache import policy as cache_policy
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        cache_policy.importlib.util, "find_spec", lambda name: None if name == "faiss" else real(name)
+    )
+    found = CachePolicy.model_validate({"enabled": True, "semantic": {"enabled": True}}).issues(set(), set())
+    assert [i.loc for i in found] == [("cache", "semantic", "enabled")]
+    assert "pip install 'switchyard[semantic]'" in found[0].message
+    assert CachePolicy(enabled=True).issues(set(), set()) == []
