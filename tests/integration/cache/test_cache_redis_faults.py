@@ -85,10 +85,12 @@ def test_a_frozen_redis_sends_requests_upstream_without_waiting_on_it(
         frozen, outcomes = timed(client, 80)
     finally:
         os.kill(own_redis.pid, signal.SIGCONT)
-    # Answered upstream, each request waiting Redis's bound at most once a second.
+    # Answered upstream, each request waiting Redis's bound (50 ms) at most once a second:
+    # without the bound each would wait for the client's socket timeout (1 s). The margin
+    # is for a loaded machine, not for the bound.
     assert set(outcomes) == {"miss"}, [(o, round(t, 3)) for o, t in zip(outcomes, frozen, strict=True)]
     assert sim.stats()["requests_total"] == calls + 80
-    assert p99(frozen) < p99(baseline) + 0.1, (p99(baseline), p99(frozen), max(frozen))
+    assert p99(frozen) < p99(baseline) + 0.25, (p99(baseline), p99(frozen), max(frozen))
     until_hit(client)
 
 
