@@ -418,3 +418,71 @@ def test_metrics_stats_and_the_cache_command_show_and_purge_entries(
     switchyard(redis_url, "cache", "purge", "--namespace", "team-a")
     assert json.loads(switchyard(redis_url, "cache", "list", "--namespace", "team-a", "--json")) == []
     assert chat(client, messages)[0] == "store"
+
+
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": TOOL["function"]["parameters"],  # type: ignore[index]
+}
+
+
+@pytest.mark.parametrize("model", ["fast", "strong"])
+def test_responses_function_calls_replay_the_same_calls(
+    gateway: GatewayProcess, keys: dict[str, str], sim: SimServer, redis_url: str, model: str
+) -> None:
+    client = oai(gateway, keys["team-b"])
+    kw: dict[str, Any] = {
+        "model": model,
+        "input": f"weather {uuid.uuid4().hex}",
+        "temperature": 0,
+        "tools": [RESPONSES_TOOL],
+        "tool_choice": "required",
+    }
+    before = len(entries(redis_url))
+    original = client.responses.create(**kw)
+    calls = [(o.name, o.arguments, o.call_id) for o in original.output if o.type == "function_call"]
+    assert calls
+    wait_stored(redis_url, before)
+    upstream = upstream_calls(sim)
+    with client.responses.stream(**kw) as stream:
+        replayed = stream.get_final_response()
+    assert [(o.name, o.arguments, o.call_id) for o in replayed.output if o.type == "function_call"] == calls
+    again = client.responses.create(**kw)
+    assert [(o.name, o.arguments, o.call_id) for o in again.output if o.type == "function_call"] == calls
+    assert upstream_calls(sim) == upstream
+
+
+def test_anthropic_tool_use_replays_as_the_same_blocks(
+    gateway: GatewayProcess, keys: dict[str, str], sim: SimServer, redis_url: str
+) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=keys["team-b"], max_retries=0, timeout=15)
+    kw: dict[str, Any] = {
+        "model": "fast",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": f"weather {uuid.uuid4().hex}"}],
+        "tools": [
+            {
+                "name": "get_weather",
+                "description": "The weather",
+                "input_schema": TOOL["function"]["parameters"],
+            }
+        ],  # type: ignore[index]
+        "tool_choice": {"type": "any"},
+        "extra_body": {"temperature": 0},
+    }
+    before = len(entries(redis_url))
+    with client.messages.stream(**kw) as stream:
+        original = stream.get_final_message()
+    blocks = [(b.name, b.input, b.id) for b in original.content if b.type == "tool_use"]
+    assert blocks and original.stop_reason == "tool_use"
+    wait_stored(redis_url, before)
+    upstream = upstream_calls(sim)
+    again = client.messages.create(**kw)
+    assert [(b.name, b.input, b.id) for b in again.content if b.type == "tool_use"] == blocks
+    assert again.stop_reason == "tool_use"
+    with client.messages.stream(**kw) as stream:
+        replayed = stream.get_final_message()
+    assert [(b.name, b.input, b.id) for b in replayed.content if b.type == "tool_use"] == blocks
+    assert upstream_calls(sim) == upstream
