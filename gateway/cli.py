@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 
 from gateway.auth import cli as keys_cli
+from gateway.cache import cli as cache_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
 from gateway.routing.learn import cli as routing_cli
@@ -165,6 +166,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     stats_cli.register,
     bench.register,
     keys_cli.register,
+    cache_cli.register,
 ]
 
 

@@ -12,6 +12,7 @@ from gateway.dispatch.policy import Timeouts
 
 if TYPE_CHECKING:
     from gateway.auth.keys import KeyRecord
+    from gateway.cache.key import CachePlan
     from gateway.routing.resolve import Route
     from gateway.shaping.shaper import ShapeResult
 
@@ -55,6 +56,10 @@ class RequestContext:
     chunks: int = 0
     usage: dict[str, Any] | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    cache: CachePlan | None = None
+    """What the response cache does for this request (None: it is not for it)."""
+    cache_hit: bool = False
+    """Answered from the response cache: nothing was sent upstream, nothing billed."""
     tracer: Any = None
     """The OpenTelemetry tracer while tracing is on (None: off, and no span is made)."""
     span: Any = None

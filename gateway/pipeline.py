@@ -13,13 +13,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 from pydantic import BaseModel
 
 from gateway.api.protocol import ChatCompletionRequest, check_limits, validate
 from gateway.auth.limits import Limiter
+from gateway.cache.entry import Entry
+from gateway.cache.key import CachePlan, plan_request, settle
+from gateway.cache.service import HEADER as CACHE_HEADER
+from gateway.cache.service import (
+    AnswerStream,
+    RecordingStream,
+    ResponseCache,
+    hit,
+    keep_answer,
+    replay_stream,
+    unary_hit,
+)
 from gateway.config import Settings
 from gateway.context import RequestContext
-from gateway.dispatch.dispatcher import Dispatcher, OpenStream, UnaryResult
+from gateway.dispatch.dispatcher import Dispatcher, UnaryResult
 from gateway.errors import PermissionDeniedError
 from gateway.providers.base import Provider
 from gateway.routing.escalation import escalation_route
@@ -55,6 +68,7 @@ class Stages:
     stats: StatsWriter
     sinks: tuple[Sink, ...]
     shadow: ShadowSampler | None = None
+    cache: ResponseCache | None = None
 
 
 async def run_unary(
@@ -68,8 +82,13 @@ async def run_unary(
 ) -> UnaryResult:
     """A non-stream request, prepared, admitted and answered; a fast chat answer that fails
     the policy's escalation check is asked again, once, of the escalation tier."""
-    route = _prepare(stages, ctx, schema, body, headers, dialect)
+    route = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
     await _admit(stages, ctx)
+    plan = ctx.cache
+    if plan is not None and plan.read:
+        cached = await _lookup(stages, ctx, plan)
+        if cached is not None:
+            return unary_hit(plan, cached)
     adapt = dialect.adapt if dialect is not None else None
     result = await stages.dispatcher.unary(ctx, route, endpoint, body, adapt)
     # Only a chat answer is checked: every check reads its message.
@@ -86,6 +105,8 @@ async def run_unary(
         elif shadow is not None:
             shadow.after_answer(ctx, route, body, result.body)
     stages.shaping.prefix_hit(ctx)
+    if plan is not None and plan.write:
+        _keep_unary(stages, ctx, plan, body, result.body)
     return result
 
 
@@ -97,14 +118,23 @@ async def open_stream(
     body: dict[str, Any],
     headers: Mapping[str, str],
     dialect: Dialect | None = None,
-) -> OpenStream:
-    """A stream request, prepared, admitted and opened: its first bytes are in hand."""
-    route = _prepare(stages, ctx, schema, body, headers, dialect)
+) -> AnswerStream:
+    """A stream request, prepared, admitted and opened: its first bytes are in hand (a
+    response cache hit: all of them)."""
+    route = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
     await _admit(stages, ctx)
     ctx.stream = True
+    plan = ctx.cache
+    if plan is not None and plan.read:
+        cached = await _lookup(stages, ctx, plan)
+        if cached is not None:
+            return replay_stream(plan, cached, body)
     adapt = dialect.adapt if dialect is not None else None
     opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body, adapt)
     stages.shaping.prefix_hit(ctx)
+    if plan is not None and plan.write and plan.key and stages.cache is not None:
+        policy = ctx.snapshot.policy.cache
+        return RecordingStream(stages.cache, plan, ctx, body, opened, policy, _template(ctx))
     return opened
 
 
@@ -124,9 +154,12 @@ def _prepare(
     body: dict[str, Any],
     headers: Mapping[str, str],
     dialect: Dialect | None = None,
+    endpoint: str = "",
 ) -> Route:
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
-    template) come from headers or ``metadata`` and are not sent upstream."""
+    template) come from headers or ``metadata`` and are not sent upstream. The response
+    cache's key is taken before shaping (the stability model may shape a request
+    differently over time)."""
     settings = stages.settings
     tools_json = check_limits(
         body,
@@ -137,6 +170,12 @@ def _prepare(
     validate(schema, body)
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
+    plan: CachePlan | None = None
+    cache_policy = ctx.snapshot.policy.cache
+    if cache_policy.active and stages.cache is not None:
+        key = ctx.key
+        name = key.name if key else None
+        plan = plan_request(cache_policy, endpoint, body, headers, ctx.key_id, name, tools_json)
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
@@ -180,7 +219,60 @@ def _prepare(
             param="model",
             code="model_not_allowed",
         )
+    if plan is not None and route.deployments:
+        _settle(ctx, plan, route)
     return route
+
+
+def _settle(ctx: RequestContext, plan: CachePlan, route: Route) -> None:
+    """The cache plan for the deployment the route tries first (its model is in the key)."""
+    policy = ctx.snapshot.policy
+    name = route.deployments[0]
+    deployment = policy.deployments.get(name)
+    model = (deployment.model if deployment is not None else None) or name
+    settled = settle(plan, policy.cache, route.tier, name, model)
+    if settled is not None:
+        ctx.cache = settled
+        ctx.response_headers[CACHE_HEADER] = settled.outcome
+
+
+async def _lookup(stages: Stages, ctx: RequestContext, plan: CachePlan) -> Entry | None:
+    """The entry that answers this request, marked as its answer; None on a miss."""
+    cache = stages.cache
+    assert cache is not None
+    entry = await cache.lookup(plan)
+    if entry is not None:
+        hit(ctx, plan, entry, plan.key)
+        return entry
+    semantic = ctx.snapshot.policy.cache.semantic
+    if plan.group and semantic.enabled:
+        found = await cache.nearest(plan, semantic.threshold)
+        if found is not None:
+            entry, similarity, key = found
+            hit(ctx, plan, entry, key, similarity)
+            return entry
+    return None
+
+
+def _template(ctx: RequestContext) -> str | None:
+    return ctx.shape.template if ctx.shape is not None else None
+
+
+def _keep_unary(
+    stages: Stages, ctx: RequestContext, plan: CachePlan, body: dict[str, Any], raw: bytes
+) -> None:
+    """Store a non-stream answer that may be kept; the header says whether it was."""
+    if stages.cache is None or not plan.key:
+        return
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(answer, dict):
+        return
+    if keep_answer(stages.cache, plan, ctx, body, answer, raw, ctx.snapshot.policy.cache, _template(ctx)):
+        plan.outcome = "store"
+        ctx.response_headers[CACHE_HEADER] = "store"
 
 
 async def _admit(stages: Stages, ctx: RequestContext) -> None:

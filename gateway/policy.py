@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from gateway.cache.policy import CachePolicy
 from gateway.dialects.responses.policy import ResponsesPolicy
 from gateway.dispatch.policy import DEFAULT_TIMEOUTS, DispatchPolicy, Timeouts
 from gateway.providers.azure_policy import AzureSettings, check_azure
@@ -210,6 +211,7 @@ class Policy(StrictModel):
     shaping: ShapingPolicy = Field(default_factory=ShapingPolicy)
     responses: ResponsesPolicy = Field(default_factory=ResponsesPolicy)
     errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
+    cache: CachePolicy = Field(default_factory=CachePolicy)
 
     def timeouts_for(self, deployment: str, tier: str | None = None) -> Timeouts:
         """The timeouts of an attempt on ``deployment`` for ``tier``: the deployment's own, the
@@ -266,5 +268,6 @@ class Policy(StrictModel):
             if tier not in self.tiers
         )
         found.extend(self.routing.issues(self.tiers, self.deployments))
+        found.extend(self.cache.issues(set(self.tiers), set(self.deployments)))
         found.extend(self.shaping.issues({name: d.provider for name, d in self.deployments.items()}))
         return found

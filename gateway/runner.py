@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -94,7 +95,7 @@ def serve(settings: Settings) -> int:
                 raise SetupError(str(exc)) from None
             settings = settings.model_copy(update={"redis_url": redis.url})
             _log.info("embedded_redis", url=redis.url)
-        if settings.policy is None:
+        if _wants_simulator(settings.policy):
             sim = stack.enter_context(SimProcess(settings.sim_port or None))
             os.environ["SWITCHYARD_SIM_URL"] = sim.base_url
             _log.info("embedded_simulator", base_url=sim.base_url)
@@ -104,6 +105,20 @@ def serve(settings: Settings) -> int:
             return _serve_one(settings, holder, supervisor=supervisor)
         return _serve_workers(settings)
     return 0  # pragma: no cover - the with block always returns
+
+
+def _wants_simulator(policy: str | None) -> bool:
+    """Whether to start the built-in simulator: no policy (the embedded defaults), or one
+    whose deployments point at it (``${SWITCHYARD_SIM_URL...}``, as the examples built on
+    the defaults do) while no simulator URL is set."""
+    if policy is None:
+        return True
+    if os.environ.get("SWITCHYARD_SIM_URL"):
+        return False
+    try:
+        return "${SWITCHYARD_SIM_URL" in Path(policy).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False  # the policy loader reports an unreadable file
 
 
 def _check_port(settings: Settings) -> None:

@@ -185,7 +185,9 @@ class Limiter:
         key = done.key
         if key is None:
             return
-        tokens = (done.prompt_tokens or 0) + (done.completion_tokens or 0) if key.tpm else 0
+        # A response cache hit asked the upstream for nothing: no tokens (and a cost of 0).
+        used = key.tpm and done.cache != "hit"
+        tokens = (done.prompt_tokens or 0) + (done.completion_tokens or 0) if used else 0
         self.charge(key, tokens, done.cost_nano_usd)
 
     def charge(self, key: KeyRecord, tokens: int, cost_nano_usd: int) -> None:

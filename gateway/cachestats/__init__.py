@@ -49,7 +49,16 @@ METRICS = (
     "expected_cached_tokens",
     "shaped_requests",
     "cost_nano_usd",
+    "rc_hits",
+    "rc_misses",
+    "rc_stores",
+    "rc_bypass",
+    "rc_saved_tokens",
+    "rc_saved_nano_usd",
 )
+"""The ``rc_*`` counters are the response cache's (:mod:`gateway.cache`): a hit counts
+only there (no request went upstream, so none of its tokens is a provider's)."""
+_RC_OUTCOMES = {"hit": "rc_hits", "miss": "rc_misses", "store": "rc_stores", "bypass": "rc_bypass"}
 NO_KEY = "-"
 COST_RETENTION_DAYS = 90
 _TTL_S = RETENTION_S + BUCKET_S
@@ -113,13 +122,22 @@ class Accounting:
         if done.deployment is None:
             return
         # A vLLM deployment's tokens per prompt byte, for the next expectations.
-        GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
+        if done.cache != "hit":
+            GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
         template = done.shape.template if done.shape is not None else NO_KEY
         key, day_key = self._keys_now()
         # This minute's counters of the deployment, key and template, and today's of the key
         # and deployment (the costs report).
         prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
         minute = self._writer.counters(key, prefix, _TTL_S)
+        if done.cache is not None:
+            outcome = _RC_OUTCOMES[done.cache]
+            minute[outcome] = minute.get(outcome, 0) + 1
+            if outcome == "rc_hits":
+                saved = (done.prompt_tokens or 0) + (done.completion_tokens or 0)
+                minute["rc_saved_tokens"] = minute.get("rc_saved_tokens", 0) + saved
+                minute["rc_saved_nano_usd"] = minute.get("rc_saved_nano_usd", 0) + done.cache_saved_nano_usd
+                return
         day = self._writer.counters(day_key, f"{done.key_id or NO_KEY}|{done.deployment}|", _DAY_TTL_S)
         minute["requests"] = minute.get("requests", 0) + 1
         if done.failed:
@@ -326,9 +344,17 @@ def _saving(policy: Policy, deployment: str, cached_tokens: int) -> float:
 
 
 def _usd(counts: dict[str, int]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: v for k, v in counts.items() if k != "cost_nano_usd"}
+    out: dict[str, Any] = {k: v for k, v in counts.items() if not k.endswith("nano_usd")}
     out["cost_usd"] = round(counts["cost_nano_usd"] / 1e9, 9)
+    if "rc_saved_nano_usd" in counts:
+        out["rc_saved_usd"] = round(counts["rc_saved_nano_usd"] / 1e9, 9)
     return out
+
+
+def response_cache_rate(counts: dict[str, int]) -> float:
+    """The response cache's hit rate: hits over the lookups (hits, misses and stores)."""
+    lookups = counts.get("rc_hits", 0) + counts.get("rc_misses", 0) + counts.get("rc_stores", 0)
+    return round(counts.get("rc_hits", 0) / lookups, 4) if lookups else 0.0
 
 
 def _rates(counts: dict[str, int]) -> dict[str, Any]:
@@ -337,4 +363,5 @@ def _rates(counts: dict[str, int]) -> dict[str, Any]:
         **_usd(counts),
         "hit_rate": round(counts["cached_tokens"] / prompt, 4) if prompt else 0.0,
         "expected_hit_rate": round(counts["expected_cached_tokens"] / prompt, 4) if prompt else 0.0,
+        "rc_hit_rate": response_cache_rate(counts),
     }

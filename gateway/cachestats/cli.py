@@ -72,22 +72,39 @@ _COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "hit_rate", "expected_
 _HEADINGS = ("requests", "prompt tok", "cached tok", "hit", "expected", "saved $")
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
+_RC_COLUMNS = (
+    "rc_hits",
+    "rc_misses",
+    "rc_stores",
+    "rc_bypass",
+    "rc_hit_rate",
+    "rc_saved_tokens",
+    "rc_saved_usd",
+)
+_RC_HEADINGS = ("hits", "misses", "stores", "bypass", "hit", "saved tok", "saved $")
+
+
+def _cells(row: dict[str, Any], columns: tuple[str, ...] = _COLUMNS) -> list[str]:
     cells = []
-    for column in _COLUMNS:
+    for column in columns:
         value = row.get(column, 0)
         if column.endswith("hit_rate"):
             cells.append(f"{100 * value:.1f}%")
-        elif column == "saved_usd":
+        elif column.endswith("saved_usd"):
             cells.append(f"{value:.4f}")
         else:
             cells.append(f"{value:,}")
     return cells
 
 
-def _table(title: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    body = [[name, *_cells(row)] for name, row in rows]
-    header = [title, *_HEADINGS]
+def _table(
+    title: str,
+    rows: list[tuple[str, dict[str, Any]]],
+    columns: tuple[str, ...] = _COLUMNS,
+    headings: tuple[str, ...] = _HEADINGS,
+) -> list[str]:
+    body = [[name, *_cells(row, columns)] for name, row in rows]
+    header = [title, *headings]
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -105,6 +122,23 @@ def _moved_line(entry: dict[str, Any]) -> str:
     """One request's moves: ``req-1 sim-fast template 5e9b72f5: line -> tool (changes within ...)``."""
     moves = ", ".join(f"{kind} -> {to} ({why})" for kind, why, to in entry["moves"])
     return f"{entry['request_id']} {entry['deployment']} template {entry['template']}: {moves}"
+
+
+def _response_cache(report: dict[str, Any]) -> list[str]:
+    """The response cache's tables (hits answered from Redis, and what they saved), when used."""
+    totals = report.get("totals", {})
+    if not any(totals.get(c) for c in ("rc_hits", "rc_misses", "rc_stores", "rc_bypass")):
+        return []
+    lines = ["", "Response cache (answers served from Redis, billed nothing)", ""]
+    for title, rows in (
+        ("total", [("all", totals)]),
+        ("deployment", sorted(report.get("deployments", {}).items())),
+        ("key", sorted(report.get("keys", {}).items())),
+        ("template", [(t["template"], t) for t in report.get("templates", [])]),
+    ):
+        used = [(name, row) for name, row in rows if any(row.get(c) for c in _RC_COLUMNS)]
+        lines += _table(title, used, _RC_COLUMNS, _RC_HEADINGS)
+    return lines
 
 
 def render(report: dict[str, Any]) -> str:
@@ -127,6 +161,7 @@ def render(report: dict[str, Any]) -> str:
             else "too few requests kept to tell where they differ"
         )
         lines.append(f"! template {t['template']}: hit rate {100 * t['hit_rate']:.1f}% < 30%; {where}")
+    lines += _response_cache(report)
     moved = report.get("moved", [])
     if moved:
         lines += ["", f"What shaping moved (the last {len(moved)} shaped requests, newest first):"]

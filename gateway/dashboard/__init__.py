@@ -158,6 +158,8 @@ class DashboardStats:
             c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
         if done.deployment is None:
             return  # refused at the door: its few milliseconds say nothing of any upstream's latency
+        if done.cache == "hit":
+            return  # answered from Redis: not the deployment's latency
         name = f"h:e2e:{bucket_of(done.e2e_ms)}"
         c[name] = c.get(name, 0) + 1
         if done.stream and done.ttft_ms is not None:
@@ -236,6 +238,17 @@ class DashboardStats:
                     }
                     for t in cache["templates"]
                 ],
+            },
+            "response_cache": {
+                k: cache["totals"][k]
+                for k in (
+                    "rc_hits",
+                    "rc_misses",
+                    "rc_stores",
+                    "rc_hit_rate",
+                    "rc_saved_tokens",
+                    "rc_saved_usd",
+                )
             },
             "series": series.result(),
         }

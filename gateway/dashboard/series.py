@@ -44,7 +44,15 @@ class SeriesBuilder:
         self._hist: dict[str, dict[str, list[dict[int, int]]]] = defaultdict(
             lambda: {name: [defaultdict(int) for _ in range(self._points)] for name in LATENCIES}
         )
-        cache_fields = ("prompt_tokens", "cached_tokens", "expected_cached_tokens")
+        cache_fields = (
+            "prompt_tokens",
+            "cached_tokens",
+            "expected_cached_tokens",
+            "rc_hits",
+            "rc_misses",
+            "rc_stores",
+            "rc_saved_nano_usd",
+        )
         self._cache = [dict.fromkeys(cache_fields, 0) for _ in range(self._points)]
 
     def point_of(self, minute: int) -> int:
@@ -108,5 +116,11 @@ class SeriesBuilder:
                 "expected_hit_rate": [
                     rate(c["expected_cached_tokens"], c["prompt_tokens"]) for c in self._cache
                 ],
+            },
+            "response_cache": {
+                "hit_rate": [
+                    rate(c["rc_hits"], c["rc_hits"] + c["rc_misses"] + c["rc_stores"]) for c in self._cache
+                ],
+                "saved_usd": [round(c["rc_saved_nano_usd"] / _NANO, 6) for c in self._cache],
             },
         }

@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.auth.keys import KeyStore
 from gateway.auth.limits import Limiter
+from gateway.cache.service import ResponseCache
 from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
@@ -43,6 +44,7 @@ from gateway.http.state import (
     POOL,
     READINESS,
     REDIS,
+    RESPONSE_CACHE,
     SECRETS,
     SETTINGS,
     SHADOW,
@@ -115,8 +117,11 @@ async def _keys(app: web.Application) -> AsyncIterator[None]:
     gate = RedisGate(settings.redis_request_timeout_ms / 1000)
     keys = app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s, gate=gate)
     app[LIMITER] = Limiter(app[REDIS], app[STATS], gate)
+    # The response cache's lookups share the gate: a frozen Redis is waited for once.
+    cache = app[RESPONSE_CACHE] = ResponseCache(app[REDIS], gate)
     async with _running(keys.watch_revocations(), "key-revocations"):
         yield
+    await cache.drain()
 
 
 async def _policy(app: web.Application) -> AsyncIterator[None]:
@@ -179,6 +184,7 @@ async def _stages(app: web.Application) -> AsyncIterator[None]:
             tlog.log_request,
         ),
         shadow=app[SHADOW],
+        cache=app[RESPONSE_CACHE],
     )
     yield
 

@@ -17,11 +17,11 @@ import orjson
 from aiohttp import web
 
 from gateway.api.protocol import ChatCompletionRequest
+from gateway.cache.service import AnswerStream
 from gateway.context import RequestContext
 from gateway.dialects.anthropic.inbound import estimate_tokens, to_chat_request, to_message
 from gateway.dialects.anthropic.response import MessagesStreamScanner
 from gateway.dialects.anthropic.sse import ChunksToEvents
-from gateway.dispatch.dispatcher import OpenStream
 from gateway.dispatch.fanout import timeout_override
 from gateway.errors import ModelNotFoundError, SwitchyardError
 from gateway.http.responses import json_response, read_json, route_headers
@@ -65,7 +65,7 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 async def _forward(
-    request: web.Request, ctx: RequestContext, opened: OpenStream, events: ChunksToEvents
+    request: web.Request, ctx: RequestContext, opened: AnswerStream, events: ChunksToEvents
 ) -> web.StreamResponse:
     """Write the opened chat stream to the client as Anthropic events, until its end."""
     if isinstance(opened.scanner, MessagesStreamScanner):

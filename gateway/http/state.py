@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from gateway.auth.keys import KeyStore
 from gateway.auth.limits import Limiter
+from gateway.cache.service import ResponseCache
 from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, Settings
 from gateway.context import RequestContext
@@ -52,6 +53,7 @@ DASHBOARD = web.AppKey("dashboard", DashboardStats)
 DASHBOARD_HTML = web.AppKey("dashboard_html", bytes)
 KEYS = web.AppKey("keys", KeyStore)
 LIMITER = web.AppKey("limiter", Limiter)
+RESPONSE_CACHE = web.AppKey("response_cache", ResponseCache)
 STAGES = web.AppKey("stages", Stages)
 SHADOW = web.AppKey("shadow", ShadowSampler)
 DRIFT = web.AppKey("drift", DriftMonitor)

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.cache.service import AnswerStream
 from gateway.context import RequestContext
-from gateway.dispatch.dispatcher import OpenStream
 from gateway.errors import SwitchyardError, sse_error_event
 from gateway.http.redact import for_client
 from gateway.http.responses import cancelled_by_drain, route_headers, shutdown_error
@@ -29,7 +29,7 @@ class _EventStream(web.StreamResponse):
 async def forward_stream(
     request: web.Request,
     ctx: RequestContext,
-    opened: OpenStream,
+    opened: AnswerStream,
     error_event: Callable[[SwitchyardError], bytes] = sse_error_event,
     before_end: Callable[[], Awaitable[None]] | None = None,
     translate: Callable[[bytes], bytes] | None = None,
@@ -86,7 +86,7 @@ async def forward_stream(
     return resp
 
 
-async def _whole(opened: OpenStream) -> AsyncIterator[bytes]:
+async def _whole(opened: AnswerStream) -> AsyncIterator[bytes]:
     """The stream from its first event (already received) to its end."""
     yield opened.first
     async for out in opened.rest():

@@ -157,6 +157,15 @@ def request_line(**fields: Any) -> None:
 def log_request(done: FinishedRequest) -> None:
     """Write the request line of a finished request."""
     ttft = done.ttft_ms
+    cache: dict[str, Any] = {}
+    if done.cache is not None:
+        # Only where the response cache is on: the line keeps its shape everywhere else.
+        cache["cache"] = done.cache
+        if done.cache_entry is not None:
+            cache["cache_entry"] = done.cache_entry
+            cache["cache_saved_usd"] = done.cache_saved_nano_usd / 1e9
+        if done.cache_similarity is not None:
+            cache["cache_similarity"] = round(done.cache_similarity, 4)
     request_line(
         request_id=done.request_id,
         key_id=done.key_id,
@@ -175,6 +184,7 @@ def log_request(done: FinishedRequest) -> None:
         completion_tokens=done.completion_tokens,
         cached_tokens=done.cached_tokens,
         cost_usd=done.cost_nano_usd / 1e9 if done.cost_nano_usd else None,
+        **cache,
     )
 
 

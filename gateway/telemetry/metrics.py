@@ -162,6 +162,24 @@ class Metrics:
         self.cost = Counter(
             "switchyard_cost_usd", "Cost at the policy's prices, in USD.", ("deployment",), registry=r
         )
+        self.response_cache = Counter(
+            "switchyard_response_cache",
+            "Response cache outcomes (hit, miss, store, bypass) by deployment.",
+            ("deployment", "outcome"),
+            registry=r,
+        )
+        self.response_cache_saved_usd = Counter(
+            "switchyard_response_cache_saved_usd",
+            "What the response cache's hits would have cost upstream, in USD.",
+            ("deployment",),
+            registry=r,
+        )
+        self.response_cache_saved_tokens = Counter(
+            "switchyard_response_cache_saved_tokens",
+            "Prompt and completion tokens the response cache's hits did not ask upstream for.",
+            ("deployment",),
+            registry=r,
+        )
         self.retries = Counter("switchyard_retries", "Attempts retried after a failure.", registry=r)
         self.retries_refused = Counter(
             "switchyard_retries_refused_by_budget", "Retries the retry budget refused.", registry=r
@@ -247,6 +265,8 @@ class Metrics:
             self._record_route(route.tier or "", route.reason, route.score)
         if not deployment:
             return
+        if done.cache is not None and self._record_cache(done, deployment):
+            return
         labels = (deployment, tier, "true" if done.stream else "false", prompt_size(done.prompt_tokens))
         hists = self._latency.get(labels)
         if hists is None:
@@ -277,6 +297,23 @@ class Metrics:
         ):
             if amount:
                 counts[counter] = counts.get(counter, 0) + amount
+
+    def _record_cache(self, done: FinishedRequest, deployment: str) -> bool:
+        """Count a response cache outcome; True for a hit (no upstream latency nor tokens to
+        count: the deployment did not answer it)."""
+        counts = self._counts
+        child = self.response_cache.labels(deployment, done.cache)
+        counts[child] = counts.get(child, 0) + 1
+        if done.cache != "hit":
+            return False
+        tokens = (done.prompt_tokens or 0) + (done.completion_tokens or 0)
+        for counter, amount in (
+            (self.response_cache_saved_tokens.labels(deployment), tokens),
+            (self.response_cache_saved_usd.labels(deployment), done.cache_saved_nano_usd / NANO_USD),
+        ):
+            if amount:
+                counts[counter] = counts.get(counter, 0) + amount
+        return True
 
     def _record_route(self, tier: str, reason: str, score: float | None) -> None:
         by = "rule" if reason.startswith("rule:") else reason

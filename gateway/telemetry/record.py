@@ -58,6 +58,14 @@ class FinishedRequest:
     """The router's decision (tier, reason, classifier score), before any escalation."""
     error_detail: str | None = None
     """The failure as the gateway saw it (the client got a plain message)."""
+    cache: str | None = None
+    """The response cache's outcome (hit, miss, store, bypass); None when it was not used."""
+    cache_saved_nano_usd: int = 0
+    """What a cache hit would have cost upstream (its own cost is 0)."""
+    cache_entry: str | None = None
+    """The id of the entry that answered a hit."""
+    cache_similarity: float | None = None
+    """A semantic hit's similarity."""
 
     @property
     def failed(self) -> bool:
@@ -72,6 +80,11 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
     if ctx.deployment is not None:
         found = policy.deployments.get(ctx.deployment)
         cost = cost_nano_usd(found.price if found is not None else None, ctx.usage)
+    plan = ctx.cache
+    saved = 0
+    if ctx.cache_hit:
+        # Nothing went upstream: the hit bills nothing, and saves what the answer cost.
+        cost, saved = 0, cost
     return FinishedRequest(
         request_id=ctx.request_id,
         endpoint=ctx.endpoint,
@@ -99,4 +112,8 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         cache_ttl_s=policy.shaping.cache_ttl_s,
         route=ctx.route,
         error_detail=ctx.error_detail,
+        cache=plan.outcome if plan is not None else None,
+        cache_saved_nano_usd=saved,
+        cache_entry=plan.entry_id if plan is not None else None,
+        cache_similarity=plan.similarity if plan is not None else None,
     )

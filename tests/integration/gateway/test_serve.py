@@ -126,3 +126,16 @@ def test_bad_policy_refuses_to_start_with_the_error_path(tmp_path: Path) -> None
     )
     assert out.returncode == 1
     assert f"{bad}:4: tiers.fast[0]: unknown deployment 'b'" in out.stderr
+
+
+def test_the_cache_example_serves_repeats_from_the_cache_in_one_command(serve: object) -> None:
+    _, url = serve("--policy", "policies/examples/cache.yaml")  # type: ignore[operator]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="anything", max_retries=0)
+    ask = [{"role": "user", "content": "What is a response cache?"}]
+    outcomes = []
+    deadline = time.monotonic() + 10
+    while "hit" not in outcomes:
+        assert time.monotonic() < deadline, outcomes
+        raw = client.chat.completions.with_raw_response.create(model="fast", messages=ask, temperature=0)  # type: ignore[arg-type]
+        outcomes.append(raw.headers["x-switchyard-cache"])
+    assert outcomes[0] == "store"

@@ -92,6 +92,7 @@ def test_env_interpolation() -> None:
         "policies/default.yaml",
         "policies/examples/vllm-local.yaml",
         "policies/examples/mixed.yaml",
+        "policies/examples/cache.yaml",
         "gateway/embedded_policy.yaml",
     ],
 )
