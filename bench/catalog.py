@@ -84,6 +84,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         "a chat workload with a volatile date line against a running gateway and vLLM: vLLM's "
         "own prefix-cache hit rate and TTFT (local_backend/vllm/gpu_check.sh runs it)",
     ),
+    Scenario(
+        "response-cache",
+        "response_cache.py",
+        "the response cache: the CPU a miss adds (key, store check, the Redis lookup, the semantic "
+        "lookup), and p50 and req/s at concurrency 1 for direct, cache off, miss and hit",
+    ),
 )
 
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
