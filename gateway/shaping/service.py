@@ -8,6 +8,7 @@ from typing import Any
 from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes, checkpoints
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequestError
+from gateway.replicas.affinity import PREFIX_HASH
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
 
@@ -67,8 +68,15 @@ class ShapingState:
     ) -> None:
         """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``.
         ``tools_json``: the body's tool list as compact JSON, if the caller has it."""
-        ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
-        ctx.prefix_chain = checkpoints(body, ctx.shape.rendered_tools)
+        ctx.shape = shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
+        ctx.prefix_chain = checkpoints(body, shape.rendered_tools)
+        # Replica affinity follows the shaped stable prefix (tools and the head's stable
+        # units), not the body's whole system message: a date in it moved, and the template's
+        # requests share one home replica. A client's own cache key wins. The variable is the
+        # request task's (a hedge's task inherits it); set on every shaped request, so that
+        # none inherits another's.
+        keyed = shape.prefix_hash and "prompt_cache_key" not in body
+        PREFIX_HASH.set(int(shape.prefix_hash, 16) if keyed else None)
 
     def prefix_hit(self, ctx: RequestContext) -> None:
         """This replica's expectation of cached tokens for the deployment that answers."""

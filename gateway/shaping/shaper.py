@@ -91,8 +91,9 @@ class PolicyShaper(Decisions, HeadSignatures):
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._tools_memo: dict[bytes, _ShapedTools] = {}
-        self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
-        self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
+        # Per history (the turns a request sent), the layouts of the heads sent with it.
+        self._conversations: dict[str, list[_Layout]] = {}
+        self._read_hashes: list[str] = []  # the head being shaped's unit hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
         self._signed_in: dict[str, tuple[int, int]] = {}
         # What a head's text reads as depends on the text alone; it is read against the last
@@ -316,9 +317,10 @@ class PolicyShaper(Decisions, HeadSignatures):
         lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         self._read_head = (content, lines)
         result.template = template or skeleton
-        key, previous = self._layout(messages, result.template)
+        self._read_hashes = read.hashes
+        key, previous, prev_key = self._layout(messages, result.template)
         replayed = (
-            self._replayed(key, previous, result.template, read, stability, writer, messages, at)
+            self._replayed(prev_key, previous, result.template, read, stability, writer, messages, at)
             if previous is not None and rag < 0 and not ambiguous and not rag_blocks
             else None
         )
