@@ -98,40 +98,52 @@ class ConversationMemo:
             late[i] = detected[i] if moved is None else hashes[i] not in moved
         return late
 
-    def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None, str]:
-        """The key this request's head is remembered by, what the request it continues left
+    def _layout(self, messages: list[Any], template: str) -> tuple[tuple[str, ...], _Layout | None, str]:
+        """The keys this request's head is remembered by, what the request it continues left
         (None: it continues none this shaper saw) and that request's key.
 
         A request continues the one whose turns (the messages after the head) are a prefix of
         its own up to the newest answer: a chat turn adds an answer and a user message, an
-        agent step an answer with tool calls and their results. Several users' sessions often
-        open with the same first message (the same task, "Hi!"): their first requests share a
-        key, and the one continued is the one whose head has the most units in common with
-        this head (the other users' names and directories differ)."""
+        agent step an answer with tool calls and their results. It is remembered by its own
+        turns and by those before its newest answer: a retry, or an edit of the newest
+        message, continues what its sibling continued. Several users' sessions often open
+        with the same first message (the same task, "Hi!"): their first requests share a key,
+        and the one continued is the one whose head has the most units in common with this
+        head (the other users' names and directories differ)."""
         own, candidates = _history_keys(messages)
         if own is None:
-            return "", None, ""
-        key = f"{template}:{own}"
+            return (), None, ""
+        keys = (f"{template}:{own}", f"{template}:{candidates[0]}") if candidates else (f"{template}:{own}",)
         for h in candidates:
             prev_key = f"{template}:{h}"
             found = self._conversations.get(prev_key)
             if found:
-                return key, (found[-1] if len(found) == 1 else _closest(found, self._read_hashes)), prev_key
-        return key, None, ""
+                return keys, (found[-1] if len(found) == 1 else _closest(found, self._read_hashes)), prev_key
+        return keys, None, ""
 
-    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> _Layout:
-        """Keep this request's layout under its history key (a few per key: users whose
-        sessions open alike)."""
+    def _remember(
+        self,
+        keys: tuple[str, ...],
+        hashes: list[str],
+        moving: list[bool],
+        stable: str,
+        previous: _Layout | None = None,
+    ) -> _Layout:
+        """Keep this request's layout under its history keys (a few per key: users whose
+        sessions open alike); it replaces ``previous``, the request it continued, there."""
         conversations = self._conversations
-        if len(conversations) > 5_000:
+        if len(conversations) > 10_000:
             conversations.clear()
         layout = _Layout(frozenset(compress(hashes, moving)), stable)
-        found = conversations.get(key)
-        if found is None:
-            conversations[key] = [layout]
-        else:
-            found.append(layout)
-            del found[:-_SAME_HISTORY_KEPT]
+        for key in keys:
+            found = conversations.get(key)
+            if found is None:
+                conversations[key] = [layout]
+            else:
+                if previous is not None and previous in found:
+                    found.remove(previous)
+                found.append(layout)
+                del found[:-_SAME_HISTORY_KEPT]
         return layout
 
     def _replayed(
@@ -199,7 +211,7 @@ class ConversationMemo:
 
     def _keep_replay(
         self,
-        key: str,
+        keys: tuple[str, ...],
         layout: _Layout,
         hashes: list[str],
         moving: list[bool],
@@ -209,15 +221,46 @@ class ConversationMemo:
         """Keep what :meth:`_replayed` needs for the conversation's next request."""
         # Nothing moved (a conversation's first request, mostly): clean without a look.
         clean = not layout.moved or layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
-        keep(self._replays, key, _Replay(layout, hashes, moving, clean, stable_idx, stable), _REPLAYS_KEPT)
+        replay = _Replay(layout, hashes, moving, clean, stable_idx, stable)
+        for key in keys:
+            keep(self._replays, key, replay, _REPLAYS_KEPT)
+
+
+_LONG_TEXT = 2048  # a turn this long is hashed once and then found by a compare
+_LONG_KEPT = 512
+_long_hashes: dict[tuple[int, str, str], list[tuple[str, int]]] = {}
+
+
+def _text_key(text: str) -> int:
+    """``hash(text)``; a long turn (a pasted file, a repo map) comes back in every request of
+    its conversation as a new string: its hash is remembered and found by its length and
+    ends, then a compare (memcmp speed; hashing 15 KB costs ~10 µs)."""
+    if len(text) < _LONG_TEXT:
+        return hash(text)
+    sample = (len(text), text[:64], text[-64:])
+    bucket = _long_hashes.get(sample)
+    if bucket is not None:
+        for seen, h in bucket:
+            if seen == text:
+                return h
+    h = hash(text)
+    if bucket is None:
+        bucket = keep(_long_hashes, sample, [], _LONG_KEPT)
+    bucket.insert(0, (text, h))
+    del bucket[2:]
+    return h
 
 
 def _message_key(message: Any) -> int:
     """A turn's hash (the process's own: conversations are remembered per process)."""
     if isinstance(message, dict):
         content = message.get("content")
-        if isinstance(content, str) and len(message) == 2:
-            return hash((message.get("role"), content))
+        if isinstance(content, str):
+            if len(message) == 2:
+                return hash((message.get("role"), _text_key(content)))
+            # A tool result (its call id), a named message: the text as above, the rest by JSON.
+            rest = orjson.dumps({k: v for k, v in message.items() if k != "content"})
+            return hash((_text_key(content), rest))
     return hash(orjson.dumps(message))
 
 

@@ -318,7 +318,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         self._read_head = (content, lines)
         result.template = template or skeleton
         self._read_hashes = read.hashes
-        key, previous, prev_key = self._layout(messages, result.template)
+        keys, previous, prev_key = self._layout(messages, result.template)
         replayed = (
             self._replayed(prev_key, previous, result.template, read, stability, writer, messages, at)
             if previous is not None and rag < 0 and not ambiguous and not rag_blocks
@@ -330,7 +330,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         else:
             replay, changed = None, []
             order, end_idx, late_idx, rag, moving = self._decided(
-                read, result.template, key, previous, stability, writer, messages, at
+                read, result.template, prev_key, previous, stability, writer, messages, at
             )
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
@@ -343,12 +343,14 @@ class PolicyShaper(Decisions, HeadSignatures):
             whole = content if len(stable_idx) == len(texts) else None
             stable = self._stable(result.template, stable_idx, texts, hashes, whole)
         stable_text, stable_hashes, stable_key, has_stable = stable
-        if key:
+        if keys:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
-            layout = self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
+            layout = self._remember(
+                keys, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""), previous
+            )
             if read.rag < 0 and not ambiguous and not rag_blocks:
-                self._keep_replay(key, layout, hashes, moving, stable_idx, stable)
+                self._keep_replay(keys, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
