@@ -105,8 +105,8 @@ def rag_unit(
     units: list[Unit], lines: list[str], markers: list[tuple[str, str]]
 ) -> tuple[int, int, tuple[int, ...]]:
     """The index of the retrieval block: the one unit that opens, on a line of its own, with
-    a marker and closes with it (else the one delimited block a line announces) (a marker inside a sentence, a code block or another element
-    is not one); -1 when there is none, or more than one (which is the retrieved one would be
+    a marker and closes with it (a marker inside a sentence, a code block or another element
+    is not one), else the one delimited block a line announces; -1 when there is none, or more than one (which is the retrieved one would be
     a guess, and moving either would reorder them on every pass). Second, the line its
     element opens on (after its heading or lead-in, if it has one); third, with more than
     one such block, all of them."""

@@ -273,9 +273,7 @@ def _history_keys(messages: list[Any]) -> tuple[int | None, list[int]]:
     keys = list(map(_message_key, turns))
     if not keys:
         return None, []
-    answers = [
-        i for i, m in enumerate(turns) if i and isinstance(m, dict) and m.get("role") == "assistant"
-    ]
+    answers = [i for i, m in enumerate(turns) if i and isinstance(m, dict) and m.get("role") == "assistant"]
     candidates = [hash(tuple(keys[:i])) for i in reversed(answers[-_PREDECESSORS_TRIED:])]
     return hash(tuple(keys)), candidates
 

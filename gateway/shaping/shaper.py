@@ -123,7 +123,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         raw = orjson.dumps(obj)
         found = self._canonical_memo.get(raw)
         if found is None:
-            found = orjson.loads(orjson.dumps(canonical_wrapper(obj)))
+            found = canonical_wrapper(obj)  # new containers all through: shareable
             if len(self._canonical_memo) > 4096:
                 self._canonical_memo.clear()
             self._canonical_memo[raw] = found
