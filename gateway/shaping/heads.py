@@ -106,10 +106,10 @@ def rag_unit(
 ) -> tuple[int, int, tuple[int, ...]]:
     """The index of the retrieval block: the one unit that opens, on a line of its own, with
     a marker and closes with it (a marker inside a sentence, a code block or another element
-    is not one), else the one delimited block a line announces; -1 when there is none, or more than one (which is the retrieved one would be
-    a guess, and moving either would reorder them on every pass). Second, the line its
-    element opens on (after its heading or lead-in, if it has one); third, with more than
-    one such block, all of them."""
+    is not one), else the one delimited block a line announces; -1 when there is none, or
+    more than one (which is the retrieved one would be a guess, and moving either would
+    reorder them on every pass). Second, the line its element opens on (after its heading
+    or lead-in, if it has one); third, with more than one such block, all of them."""
     found, found_start = -1, 0
     candidates: list[int] = []
     for i, unit in enumerate(units):

@@ -9,6 +9,7 @@ from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes, checkpoints
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequestError
 from gateway.replicas.affinity import PREFIX_HASH
+from gateway.shaping.probe import PROBED
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
 
@@ -57,6 +58,7 @@ class ShapingState:
     def __init__(self) -> None:
         self.stability = StabilityModel()
         self.prefixes = LocalPrefixes()
+        self._probed_for: object = None  # the last policy whose vLLM templates were asked about
 
     def shape(
         self,
@@ -68,6 +70,12 @@ class ShapingState:
     ) -> None:
         """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``.
         ``tools_json``: the body's tool list as compact JSON, if the caller has it."""
+        policy = ctx.snapshot.policy
+        if policy is not self._probed_for:
+            # What each vLLM deployment's chat template accepts, asked once (in the background;
+            # until it answers, its default placement holds).
+            self._probed_for = policy
+            PROBED.ask(policy)
         ctx.shape = shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
         ctx.prefix_chain = checkpoints(body, shape.rendered_tools)
         # Replica affinity follows the shaped stable prefix (tools and the head's stable

@@ -46,4 +46,3 @@ def test_two_users_opening_with_the_same_message_keep_their_own_sessions() -> No
         # Each request's prefix up to its newest turn is the previous request's, turns included.
         second, third = sent[who][1]["messages"], sent[who][2]["messages"]
         assert third[: len(second) - 1] == second[:-1]
-

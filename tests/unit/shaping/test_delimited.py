@@ -67,7 +67,9 @@ def test_the_announced_block_between_two_rules_is_one_unit_blank_lines_included(
 def test_a_rule_of_hashes_or_equals_delimits_too_and_a_lone_rule_does_not() -> None:
     for rule in ("###", "=====", "***"):
         lines = ["Intro.", rule, "a", "", "b", rule, "Outro."]
-        assert [(u.start, u.end, u.kind) for u in segment(lines) if u.kind == DELIMITED] == [(1, 6, DELIMITED)]
+        assert [(u.start, u.end, u.kind) for u in segment(lines) if u.kind == DELIMITED] == [
+            (1, 6, DELIMITED)
+        ]
     assert not [u for u in segment(["Intro.", "-----", "a", "Outro."]) if u.kind == DELIMITED]
 
 
