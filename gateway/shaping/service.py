@@ -94,3 +94,11 @@ class ShapingState:
             if spec is not None and spec.provider == "vllm":  # counted in vLLM's blocks and tokens
                 GEOMETRY.use_vllm(ctx.deployment, spec.launch.block_size if spec.launch else None)
             ctx.prefix_hit_tokens = self.prefixes.expect_and_add(ctx.deployment, ctx.prefix_chain, ttl_s)
+            if ctx.shape is not None:
+                # The stable prefix in the deployment's own tokens (calibrated by its replies),
+                # never more than the prompt: the shaper counted 4 bytes a token.
+                shape = ctx.shape
+                chain = ctx.prefix_chain
+                prompt = GEOMETRY.estimate(ctx.deployment, getattr(chain, "prompt_bytes", 0))
+                stable = GEOMETRY.estimate(ctx.deployment, 4 * shape.stable_prefix_tokens)
+                shape.stable_prefix_tokens = min(stable, prompt) if prompt else stable
