@@ -124,6 +124,15 @@ async def _tokenize(call: Call) -> web.StreamResponse:
     return _json({"count": count, "max_model_len": 32_768, "tokens": tokens})
 
 
+async def _tokenize_handler(request: web.Request) -> web.StreamResponse:
+    """``/tokenize`` outside the request statistics (it generates nothing: the counts, the
+    ``recent`` list and the faults are the generating endpoints')."""
+    try:
+        return await _tokenize(Call(request.app[SIM_STATE], request, {}))
+    except SimError as error:
+        return error.response()
+
+
 async def _completions(call: Call) -> web.StreamResponse:
     check_auth(call)
     body = await read_json(call)
@@ -296,7 +305,7 @@ def create_app(config: SimConfig) -> web.Application:
     add_get, add_post = app.router.add_get, app.router.add_post
     add_post("/v1/chat/completions", _api("/v1/chat/completions", _chat_completions))
     add_post("/v1/completions", _api("/v1/completions", _completions))
-    add_post("/tokenize", _api("/tokenize", _tokenize))
+    add_post("/tokenize", _tokenize_handler)
     add_post("/v1/embeddings", _api("/v1/embeddings", _embeddings))
     add_post("/v1/messages", _api("/v1/messages", messages))
     add_post("/v1/messages/count_tokens", _api("/v1/messages/count_tokens", count_tokens))
