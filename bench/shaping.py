@@ -340,7 +340,13 @@ def corpus_workload(template: corpus.Template, config: str) -> list[list[dict[st
     if config == "ideal":
         return _bound_values(template)
     if config == "reachable":
-        return REACHABLE[template.name](template)
+        out = REACHABLE[template.name](template)
+        for bodies in out:  # sent with shaping off: the tools as shaping would send them
+            for body in bodies:
+                if "tools" in body:
+                    tools = sorted(body["tools"], key=lambda t: str(t["function"]["name"]))
+                    body["tools"] = [canonical_wrapper(t) for t in tools]
+        return out
     return corpus.sessions(template, users=8, turns=5)
 
 
