@@ -46,3 +46,39 @@ def test_two_users_opening_with_the_same_message_keep_their_own_sessions() -> No
         # Each request's prefix up to its newest turn is the previous request's, turns included.
         second, third = sent[who][1]["messages"], sent[who][2]["messages"]
         assert third[: len(second) - 1] == second[:-1]
+
+
+def test_agent_steps_of_two_users_on_the_same_task_keep_their_own_layout() -> None:
+    shaper = PolicyShaper(ShapingPolicy.model_validate({}))
+    histories: dict[str, list[dict[str, Any]]] = {
+        who: [{"role": "user", "content": "Make the failing test pass."}] for who in ("a", "b")
+    }
+    heads: dict[str, list[str]] = {"a": [], "b": []}
+    for step in range(4):
+        for who, day in (("a", 3), ("b", 4)):
+            request = {
+                "model": "fast",
+                "messages": [
+                    {"role": "system", "content": system(day, step * 2 + (who == "b"))},
+                    *histories[who],
+                ],
+            }
+            shaper.shape(request)
+            heads[who].append(request["messages"][0]["content"])
+            if step:
+                # The step's time goes after its last tool result; nothing else leaves.
+                assert request["messages"][-1]["role"] == "system"
+                assert request["messages"][-1]["content"].startswith("Current time:")
+            call = f"call_{who}_{step}"
+            histories[who] += [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": call, "type": "function", "function": {"name": "run", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": call, "content": f"step {step} of {who}"},
+            ]
+    for who in ("a", "b"):
+        assert len(set(heads[who][1:])) == 1, heads[who]  # one system message all task long
