@@ -8,8 +8,10 @@ tokenizes, generating nothing, and answers an error where the template raises. A
 is accepted when every conversation it produces renders and its late system message is in
 the prompt (more tokens than without it: a template that silently drops a late system
 message must not get one). The latest accepted placement is used; a deployment whose
-``/tokenize`` does not answer keeps its default. A ``shaping.deployment_placement`` the
-policy sets wins over the probe.
+``/tokenize`` does not answer keeps its default. For a vLLM Switchyard launches from a
+model directory, the model's own chat template is rendered first
+(:mod:`gateway.shaping.chat_template`), so the placement is known before vLLM is up. A
+``shaping.deployment_placement`` the policy sets wins over both.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -139,9 +142,23 @@ class ProbedPlacements:
             if spec.provider != "vllm" or key in self._asked or name in policy.shaping.deployment_placement:
                 continue
             self._asked.add(key)
+            self._read_template(key, spec)
             task = loop.create_task(self._probe(key, spec))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _read_template(self, key: tuple[str, str, str], spec: Deployment) -> None:
+        """For a vLLM Switchyard launches from a model directory: what its chat template
+        renders, known before vLLM answers (:mod:`gateway.shaping.chat_template`)."""
+        from gateway.shaping.chat_template import render_placement
+
+        model = (spec.launch.model if spec.launch is not None else None) or spec.model
+        if spec.launch is None or not model or not Path(model).is_dir():
+            return
+        found = render_placement(Path(model))
+        if found is not None:
+            self.found[key] = found
+            self.version += 1
 
     async def _probe(self, key: tuple[str, str, str], spec: Deployment) -> None:
         headers = dict(spec.headers)

@@ -335,3 +335,11 @@ def test_a_dated_system_prompt_keeps_its_home_replica(gateway: GatewayProcess) -
             )
     grew = [a - b for a, b in zip(routed_per_replica(gateway), before, strict=True)]
     assert sorted(grew) == [0, 6], grew  # every repeat on one replica, its home
+
+
+def test_the_tiny_models_template_read_offline_gives_the_same_placement(real_vllm: RealVllm) -> None:
+    from gateway.shaping.chat_template import render_placement
+
+    # What the gateway reads from the model directory before vLLM is up is what the
+    # deployment's /tokenize accepts (test_the_probed_placement_is_what_...: after_last_turn).
+    assert render_placement(real_vllm.model) == "after_last_turn"
