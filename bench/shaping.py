@@ -271,7 +271,58 @@ def _reachable_section_late(template: corpus.Template, heading: str) -> list[lis
     return out
 
 
+def _reachable_unmarked_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
+    """As :func:`_reachable_rag`, for a retrieval block framed by two identical rules under the
+    line that announces it ("Context information is below.")."""
+    out = corpus.sessions(template, users=8, turns=5)
+    for bodies in out:
+        for body in bodies:
+            messages = body["messages"]
+            lines = messages[0]["content"].split("\n")
+            start = next(i for i, line in enumerate(lines) if line.startswith("Context information"))
+            rule = lines[start + 1]
+            end = next(i for i in range(start + 2, len(lines)) if lines[i] == rule)
+            messages[0]["content"] = "\n".join(lines[:start] + lines[end + 1 :])
+            messages.append({"role": "system", "content": "\n".join(lines[start : end + 1])})
+    return out
+
+
+def _reachable_lines(
+    template: corpus.Template, late: str, last: tuple[str, ...]
+) -> list[list[dict[str, Any]]]:
+    """The template's workload with the line starting with ``late`` (new on every request) in
+    a system message after the newest message, and the lines starting with one of ``last``
+    (fixed within a session), with the lead-in line they follow, at the end of the system
+    message: the best layout of whole units (what changes within a session after the
+    history, what differs between sessions after what all share)."""
+    out = corpus.sessions(template, users=8, turns=5)
+    for bodies in out:
+        for body in bodies:
+            messages = body["messages"]
+            lines = messages[0]["content"].split("\n")
+            late_lines = [line for line in lines if late and line.startswith(late)]
+            moved = [i for i, line in enumerate(lines) if line.startswith(last)]
+            if moved and moved[0] > 0 and lines[moved[0] - 1].endswith(":"):
+                moved.insert(0, moved[0] - 1)  # the lead-in moves with its list
+            kept = [
+                line
+                for i, line in enumerate(lines)
+                if i not in moved and not (late and line.startswith(late))
+            ]
+            messages[0]["content"] = "\n".join([*kept, *(lines[i] for i in moved)])
+            if late_lines and len(messages) > 2:
+                messages.append({"role": "system", "content": "\n".join(late_lines)})
+            elif late_lines:
+                messages[0]["content"] += "\n" + "\n".join(late_lines)
+    return out
+
+
 REACHABLE = {
+    "rag_rules_unmarked": _reachable_unmarked_rag,
+    "session_env_chat": lambda t: _reachable_lines(
+        t, "The current time is", ("- Name:", "- Operating system:", "- Shell for", "- Locale:")
+    ),
+    "coding_markdown_tail": lambda t: _reachable_lines(t, "", ("The current date is",)),
     # Per-session values only (the working directory in three units, the first inside the
     # tools section): every other order of whole units shares less across users.
     "xml_tool_agent": lambda t: corpus.sessions(t, users=8, turns=5),
@@ -289,7 +340,13 @@ def corpus_workload(template: corpus.Template, config: str) -> list[list[dict[st
     if config == "ideal":
         return _bound_values(template)
     if config == "reachable":
-        return REACHABLE[template.name](template)
+        out = REACHABLE[template.name](template)
+        for bodies in out:  # sent with shaping off: the tools as shaping would send them
+            for body in bodies:
+                if "tools" in body:
+                    tools = sorted(body["tools"], key=lambda t: str(t["function"]["name"]))
+                    body["tools"] = [canonical_wrapper(t) for t in tools]
+        return out
     return corpus.sessions(template, users=8, turns=5)
 
 
@@ -323,10 +380,8 @@ def _policy(sim_url: str, config: str) -> str:
         "on": "shaping: {rag: {enabled: true}}",
         "on-end": "shaping: {placement: end_of_system, rag: {enabled: true}}",
     }[config]
-    if config.startswith("on"):
-        # The simulator's chat template accepts a system message anywhere (a vLLM deployment's
-        # default is end_of_system: many templates accept one only first).
-        shaping = shaping[:-1] + ", deployment_placement: {sim-fast: after_last_turn}}"
+    # No placement set for the deployment: the gateway asks the simulator's /tokenize what
+    # its chat template accepts (a system message anywhere), as it asks a real vLLM.
     return f"""
 deployments:
   sim-fast: {{provider: vllm, base_url: "{sim_url}/v1"}}
@@ -581,13 +636,82 @@ def shaping_cost(
     }
 
 
+def _shuffled_keys(node: Any, rng: random.Random) -> Any:
+    """``node`` with every object's keys in a random order but a schema's ``properties`` (here,
+    not from the corpus module: ``--baseline`` imports an older checkout's tests)."""
+    if isinstance(node, list):
+        return [_shuffled_keys(v, rng) for v in node]
+    if not isinstance(node, dict):
+        return node
+    keys = list(node)
+    rng.shuffle(keys)
+    return {
+        k: {n: _shuffled_keys(v, rng) for n, v in node[k].items()}
+        if k == "properties" and isinstance(node[k], dict)
+        else _shuffled_keys(node[k], rng)
+        for k in keys
+    }
+
+
+def tools_cost(runs: int = 1000) -> dict[str, Any]:
+    """Shaping's cost (shaper and checkpoint chain) for a request whose 20 tools come in a
+    new order, each with its keys and schema keywords in a new order (their properties in
+    one: that order is meaning): the first shape of that tool list, every time."""
+    from redis.asyncio import Redis
+
+    from gateway.cachestats.prefix import checkpoints
+    from gateway.shaping.policy import ShapingPolicy
+    from gateway.shaping.shaper import PolicyShaper
+    from gateway.shaping.stability import StabilityModel
+    from gateway.store.writer import StatsWriter
+
+    rng = random.Random(11)
+    tools = _tools(None)
+    shaper = PolicyShaper(ShapingPolicy())
+    stability = StabilityModel()
+    writer = StatsWriter(Redis())
+    system = "\n".join(RULES)
+    times = []
+    for i in range(runs):
+        order = [_shuffled_keys(tool, rng) for tool in tools]
+        rng.shuffle(order)
+        body = orjson.loads(
+            orjson.dumps(
+                {
+                    "model": "fast",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"Task {i}: find the order."},
+                    ],
+                    "tools": order,
+                }
+            )
+        )
+        started = time.thread_time()
+        shaped = shaper.shape(body, stability, writer)
+        rendered = getattr(shaped, "rendered_tools", None)
+        checkpoints(body, rendered) if rendered is not None else checkpoints(body)
+        times.append(time.thread_time() - started)
+    times.sort()
+    return {
+        "system": "rules",
+        "system_lines": len(RULES),
+        "pattern": "20 tools, a new key order each request",
+        "prompt_tokens": len(orjson.dumps(body)) // 4,
+        "median_us": 1e6 * times[len(times) // 2],
+        "p99_us": 1e6 * times[int(len(times) * 0.99)],
+    }
+
+
 def shaping_costs() -> list[dict[str, Any]]:
-    """:func:`shaping_cost` for the three prompts, each in the three traffic patterns."""
-    return [
+    """:func:`shaping_cost` for the three prompts, each in the three traffic patterns; then
+    :func:`tools_cost`."""
+    rows = [
         shaping_cost(lines, agent=agent, pattern=pattern)
         for lines, agent in ((40, False), (130, False), (556, True))
         for pattern in PATTERNS
     ]
+    return [*rows, tools_cost()]
 
 
 def _corpus_table(results: dict[str, Any]) -> bool:

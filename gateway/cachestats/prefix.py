@@ -46,8 +46,9 @@ class Geometries:
     """How each vLLM deployment counts cached tokens: block size and bytes per token.
 
     Deployments not named here are counted like OpenAI (128-token steps of 512 bytes).
-    The bytes-per-token ratio starts at 4 and follows the ``prompt_tokens`` the deployment
-    reports (an exponential average over requests), off the request path.
+    The bytes-per-token ratio (of every deployment) starts at 4 and follows the
+    ``prompt_tokens`` the deployment reports (an exponential average over requests), off
+    the request path.
     """
 
     RATIO_WEIGHT = 0.2
@@ -77,8 +78,8 @@ class Geometries:
 
     def observe(self, deployment: str, chain: Sequence[int] | None, prompt_tokens: int | None) -> None:
         """Calibrate bytes per token from a finished request's rendered prompt and usage."""
-        if not isinstance(chain, PrefixChain) or not prompt_tokens or deployment not in self._block_tokens:
-            return
+        if not isinstance(chain, PrefixChain) or not prompt_tokens:
+            return  # every deployment: an estimate in its own tokens never exceeds its prompt
         if chain.prompt_bytes < 256:  # too short: the chat template's own tokens dominate
             return
         sample = chain.prompt_bytes / prompt_tokens
@@ -93,13 +94,21 @@ class Geometries:
             return chain.fine, FINE_BYTES
         return chain, CHECKPOINT_BYTES
 
-    def tokens(self, deployment: str, matched_steps: int, step_bytes: int) -> int:
-        """Expected cached tokens for ``matched_steps`` leading steps of ``step_bytes``."""
-        if step_bytes == CHECKPOINT_BYTES:
-            return matched_steps * CHECKPOINT_TOKENS
+    def tokens(self, deployment: str, matched_steps: int, step_bytes: int, prompt_bytes: int = 0) -> int:
+        """Expected cached tokens for ``matched_steps`` leading steps of ``step_bytes``, in the
+        deployment's tokens (bytes per token calibrated by its replies; 4 until then) and
+        whole blocks (128-token steps for a deployment counted like OpenAI); never more than
+        the prompt's own estimate (``prompt_bytes``, when known)."""
         block = self.block_tokens(deployment)
-        tokens = matched_steps * step_bytes / self.bytes_per_token(deployment)
-        return int(tokens // block) * block
+        ratio = self.bytes_per_token(deployment)
+        matched = matched_steps * step_bytes
+        if prompt_bytes:
+            matched = min(matched, prompt_bytes)
+        return int(matched / ratio // block) * block
+
+    def estimate(self, deployment: str, prompt_bytes: int) -> int:
+        """A byte count in the deployment's tokens (calibrated, as :meth:`tokens`)."""
+        return int(prompt_bytes / self.bytes_per_token(deployment))
 
 
 GEOMETRY = Geometries()
@@ -116,6 +125,7 @@ class LocalPrefixes:
 
     def expect_and_add(self, deployment: str, chain: Sequence[int], ttl_s: float) -> int:
         """Expected cached tokens for this chain; then remember it."""
+        size = chain.prompt_bytes if isinstance(chain, PrefixChain) else 0
         chain, step = self.geometry.lookup_chain(deployment, chain)
         now = time.monotonic()
         seen = self._seen
@@ -131,7 +141,7 @@ class LocalPrefixes:
             seen.move_to_end(key)
         while len(seen) > self._capacity:
             seen.popitem(last=False)
-        return self.geometry.tokens(deployment, hits, step)
+        return self.geometry.tokens(deployment, hits, step, size)
 
 
 _EXPECT_LUA = """
@@ -212,7 +222,8 @@ async def expect_shared(
     # One hash tag per deployment: on Redis Cluster all of its keys share a slot.
     per_deployment = [((f"{KEY_PREFIX}{{{d}}}:", f"{_FINE_KEY_PREFIX}{{{d}}}:"), a) for d, a in args.items()]
     hits_of = dict(zip(args, await eval_each(redis, _EXPECT_LUA, per_deployment), strict=True))
+    sizes = [chain.prompt_bytes if isinstance(chain, PrefixChain) else 0 for _, chain, _ in batch]
     return [
-        geometry.tokens(deployment, length if place < 0 else int(hits_of[deployment][place]), step)
-        for deployment, step, place, length in places
+        geometry.tokens(deployment, length if place < 0 else int(hits_of[deployment][place]), step, size)
+        for (deployment, step, place, length), size in zip(places, sizes, strict=True)
     ]

@@ -1,5 +1,5 @@
 """What shaping reads of a chat request body: its tools' names, the head message's units as
-text, tool-call arguments in canonical form, the first user message, and the turns that
+text, tool-call arguments in canonical form, and the turns that
 decide where per-request content may go (the newest user turn, the last tool result, an
 answer before them)."""
 
@@ -54,15 +54,6 @@ def _texts(content: str | list[Any]) -> list[str | None]:
     if isinstance(content, str):
         return list(content.split("\n"))  # list[str] is not a list[str | None]
     return [_part_text(part) for part in content]
-
-
-def _first_user(messages: list[Any]) -> str | None:
-    """The first user message's content as text (None when there is none)."""
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else orjson.dumps(content).decode()
-    return None
 
 
 def _late_at(messages: list[Any], at: int) -> str:

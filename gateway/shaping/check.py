@@ -5,8 +5,9 @@ original system prompt's structures by its own, deliberately simple rules (not t
 shaper's segmenter, so that the check does not merely agree with itself) and reports,
 as sentences, every way the shaped body differs in meaning:
 
-- a markdown section, a fenced code block, an XML-like element or a list (with the
-  lead-in line before it) that does not arrive whole and byte-identical, line-aligned, in
+- a markdown section, a fenced code block, an XML-like element, a delimited block (the
+  lines between two identical rules, ``-----`` … ``-----``, both included) or a list (with
+  the lead-in line before it) that does not arrive whole and byte-identical, line-aligned, in
   one system message;
 - a system line lost or duplicated;
 - a conversation turn (role, content, tool calls and their ids, tool-call id, name) changed,
@@ -26,14 +27,17 @@ _HEADING = re.compile(r"^\s{0,3}(#{1,6})(?:\s|$)")
 _BREAK = re.compile(r"^\s{0,3}(?:={3,}|-{3,}|\*{3,}|_{3,})\s*$")
 _OPEN = re.compile(r"^\s*<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>\s*$")
 _ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s")
+_RULE = re.compile(r"^\s*(-{3,}|={3,}|\*{3,}|_{3,}|\+{3,}|#{3,})\s*$")
 _TURN_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
 def structures(text: str) -> list[str]:
-    """The structures of ``text`` that must arrive whole: sections, fences, elements, lists."""
+    """The structures of ``text`` that must arrive whole: sections, fences, delimited blocks,
+    elements, lists."""
     lines = text.split("\n")
     found: list[tuple[int, int]] = []
     in_fence = [False] * len(lines)
+    opens: set[int] = set()  # the lines that open a delimited block
     i = 0
     while i < len(lines):
         fence = _FENCE.match(lines[i])
@@ -46,6 +50,15 @@ def structures(text: str) -> list[str]:
             for k in range(i, end):
                 in_fence[k] = True
             i = end
+            continue
+        rule = _RULE.match(lines[i])
+        closes = [j for j in range(i + 1, len(lines)) if lines[j].strip() == rule.group(1)] if rule else []
+        if closes:
+            found.append((i, closes[0] + 1))
+            opens.add(i)  # a section ends before it (a rule of '#' is no heading here)
+            for k in range(i + 1, closes[0] + 1):
+                in_fence[k] = True
+            i = closes[0] + 1
             continue
         element = _OPEN.match(lines[i])
         if element:
@@ -60,10 +73,12 @@ def structures(text: str) -> list[str]:
         i += 1
     for start, line in enumerate(lines):
         heading = _HEADING.match(line)
-        if not heading or in_fence[start]:
+        if not heading or in_fence[start] or start in opens:
             continue
         end = start + 1
         while end < len(lines):
+            if end in opens:
+                break
             if not in_fence[end]:
                 if _BREAK.match(lines[end]):
                     break

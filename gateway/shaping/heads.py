@@ -17,7 +17,16 @@ from itertools import compress
 from operator import itemgetter, ne
 from typing import NamedTuple
 
-from gateway.shaping.units import ELEMENT, SECTION, Unit, same_shape, segment_cached, unit_text
+from gateway.shaping.units import (
+    DELIMITED,
+    ELEMENT,
+    SECTION,
+    Unit,
+    delimiter,
+    same_shape,
+    segment_cached,
+    unit_text,
+)
 from gateway.shaping.volatile import Detectors, keep, line_hash
 
 _FIRST, _THIRD = itemgetter(0), itemgetter(2)
@@ -97,10 +106,10 @@ def rag_unit(
 ) -> tuple[int, int, tuple[int, ...]]:
     """The index of the retrieval block: the one unit that opens, on a line of its own, with
     a marker and closes with it (a marker inside a sentence, a code block or another element
-    is not one); -1 when there is none, or more than one (which is the retrieved one would be
-    a guess, and moving either would reorder them on every pass). Second, the line its
-    element opens on (after its heading or lead-in, if it has one); third, with more than
-    one such block, all of them."""
+    is not one), else the one delimited block a line announces; -1 when there is none, or
+    more than one (which is the retrieved one would be a guess, and moving either would
+    reorder them on every pass). Second, the line its element opens on (after its heading
+    or lead-in, if it has one); third, with more than one such block, all of them."""
     found, found_start = -1, 0
     candidates: list[int] = []
     for i, unit in enumerate(units):
@@ -117,6 +126,14 @@ def rag_unit(
                 candidates.append(i)
                 found, found_start = i, start
                 break
+    if not candidates:
+        # No marked block: a delimited block that a line announces ("Context information is
+        # below.") is the retrieved text (many RAG templates frame it with rules, no tags).
+        for i, unit in enumerate(units):
+            if unit.kind == DELIMITED and not delimiter(lines[unit.start]):
+                candidates.append(i)
+                found = i
+                found_start = next(n for n in range(unit.start, unit.end) if delimiter(lines[n]))
     if len(candidates) > 1:
         return -1, 0, tuple(candidates)
     return found, found_start, ()

@@ -8,14 +8,17 @@ from itertools import compress
 from operator import is_not
 from typing import Any, NamedTuple
 
-from gateway.shaping.body import _first_user, _has_history
+import orjson
+
+from gateway.shaping.body import _HEAD_ROLES, _has_history
 from gateway.shaping.heads import Head
 from gateway.shaping.policy import ShapingPolicy
 from gateway.shaping.stability import StabilityModel
-from gateway.shaping.volatile import keep, line_hash
+from gateway.shaping.volatile import keep
 from gateway.store.writer import StatsWriter
 
-_FIRST_USERS_KEPT = 8  # first user messages whose hash is remembered (conversations under way)
+_SAME_HISTORY_KEPT = 4  # heads kept per history (sessions of several users that open alike)
+_PREDECESSORS_TRIED = 3  # answers from the newest back whose prefix is looked up
 # Conversations whose last request's head is kept (with its stable text: as many as the
 # head reader keeps heads, gateway.shaping.heads).
 _REPLAYS_KEPT = 512
@@ -61,9 +64,9 @@ class ConversationMemo:
     mixin: the shaper holds its state)."""
 
     policy: ShapingPolicy
-    _conversations: dict[str, _Layout]
-    _first_users: list[tuple[str, str]]
+    _conversations: dict[str, list[_Layout]]
     _replays: dict[str, _Replay]
+    _read_hashes: list[str]
 
     def _late(
         self,
@@ -95,35 +98,52 @@ class ConversationMemo:
             late[i] = detected[i] if moved is None else hashes[i] not in moved
         return late
 
-    def _layout(self, messages: list[Any], template: str) -> tuple[str, _Layout | None]:
-        """The conversation's key (its template and first user message) and what its previous
-        request's head looked like."""
-        key = self._conversation_key(messages, template)
-        return key, (self._conversations.get(key) if key else None)
+    def _layout(self, messages: list[Any], template: str) -> tuple[tuple[str, ...], _Layout | None, str]:
+        """The keys this request's head is remembered by, what the request it continues left
+        (None: it continues none this shaper saw) and that request's key.
 
-    def _conversation_key(self, messages: list[Any], template: str) -> str:
-        """A conversation's key: its template and first user message ("" when it has none). The
-        first user message is often long (a pasted file, a document) and the same from one
-        request of a conversation to the next: its hash is remembered for the last few (a
-        string compare instead of a hash over all of it)."""
-        raw = _first_user(messages)
-        if raw is None:
-            return ""
-        memo = self._first_users
-        for i, (seen, h) in enumerate(memo):
-            if seen == raw:
-                if i:
-                    memo.insert(0, memo.pop(i))
-                return f"{template}:{h}"
-        h = line_hash(raw)
-        memo.insert(0, (raw, h))
-        del memo[_FIRST_USERS_KEPT:]
-        return f"{template}:{h}"
+        A request continues the one whose turns (the messages after the head) are a prefix of
+        its own up to the newest answer: a chat turn adds an answer and a user message, an
+        agent step an answer with tool calls and their results. It is remembered by its own
+        turns and by those before its newest answer: a retry, or an edit of the newest
+        message, continues what its sibling continued. Several users' sessions often open
+        with the same first message (the same task, "Hi!"): their first requests share a key,
+        and the one continued is the one whose head has the most units in common with this
+        head (the other users' names and directories differ)."""
+        own, candidates = _history_keys(messages)
+        if own is None:
+            return (), None, ""
+        keys = (f"{template}:{own}", f"{template}:{candidates[0]}") if candidates else (f"{template}:{own}",)
+        for h in candidates:
+            prev_key = f"{template}:{h}"
+            found = self._conversations.get(prev_key)
+            if found:
+                return keys, (found[-1] if len(found) == 1 else _closest(found, self._read_hashes)), prev_key
+        return keys, None, ""
 
-    def _remember(self, key: str, hashes: list[str], moving: list[bool], stable: str) -> _Layout:
-        if len(self._conversations) > 5_000:
-            self._conversations.clear()
-        layout = self._conversations[key] = _Layout(frozenset(compress(hashes, moving)), stable)
+    def _remember(
+        self,
+        keys: tuple[str, ...],
+        hashes: list[str],
+        moving: list[bool],
+        stable: str,
+        previous: _Layout | None = None,
+    ) -> _Layout:
+        """Keep this request's layout under its history keys (a few per key: users whose
+        sessions open alike); it replaces ``previous``, the request it continued, there."""
+        conversations = self._conversations
+        if len(conversations) > 10_000:
+            conversations.clear()
+        layout = _Layout(frozenset(compress(hashes, moving)), stable)
+        for key in keys:
+            found = conversations.get(key)
+            if found is None:
+                conversations[key] = [layout]
+            else:
+                if previous is not None and previous in found:
+                    found.remove(previous)
+                found.append(layout)
+                del found[:-_SAME_HISTORY_KEPT]
         return layout
 
     def _replayed(
@@ -191,7 +211,7 @@ class ConversationMemo:
 
     def _keep_replay(
         self,
-        key: str,
+        keys: tuple[str, ...],
         layout: _Layout,
         hashes: list[str],
         moving: list[bool],
@@ -201,4 +221,71 @@ class ConversationMemo:
         """Keep what :meth:`_replayed` needs for the conversation's next request."""
         # Nothing moved (a conversation's first request, mostly): clean without a look.
         clean = not layout.moved or layout.moved.isdisjoint(map(hashes.__getitem__, stable_idx))
-        keep(self._replays, key, _Replay(layout, hashes, moving, clean, stable_idx, stable), _REPLAYS_KEPT)
+        replay = _Replay(layout, hashes, moving, clean, stable_idx, stable)
+        for key in keys:
+            keep(self._replays, key, replay, _REPLAYS_KEPT)
+
+
+_LONG_TEXT = 2048  # a turn this long is hashed once and then found by a compare
+_LONG_KEPT = 512
+_long_hashes: dict[tuple[int, str, str], list[tuple[str, int]]] = {}
+
+
+def _text_key(text: str) -> int:
+    """``hash(text)``; a long turn (a pasted file, a repo map) comes back in every request of
+    its conversation as a new string: its hash is remembered and found by its length and
+    ends, then a compare (memcmp speed; hashing 15 KB costs ~10 µs)."""
+    if len(text) < _LONG_TEXT:
+        return hash(text)
+    sample = (len(text), text[:64], text[-64:])
+    bucket = _long_hashes.get(sample)
+    if bucket is not None:
+        for seen, h in bucket:
+            if seen == text:
+                return h
+    h = hash(text)
+    if bucket is None:
+        bucket = keep(_long_hashes, sample, [], _LONG_KEPT)
+    bucket.insert(0, (text, h))
+    del bucket[2:]
+    return h
+
+
+def _message_key(message: Any) -> int:
+    """A turn's hash (the process's own: conversations are remembered per process)."""
+    if isinstance(message, dict):
+        content = message.get("content")
+        if isinstance(content, str):
+            if len(message) == 2:
+                return hash((message.get("role"), _text_key(content)))
+            # A tool result (its call id), a named message: the text as above, the rest by JSON.
+            rest = orjson.dumps({k: v for k, v in message.items() if k != "content"})
+            return hash((_text_key(content), rest))
+    return hash(orjson.dumps(message))
+
+
+def _history_keys(messages: list[Any]) -> tuple[int | None, list[int]]:
+    """The hash of the request's turns (the messages after the head; None without a user
+    message) and the hashes of the prefixes a previous request of its conversation would
+    have sent: the turns before each answer, from the newest back."""
+    start = 1 if messages and isinstance(messages[0], dict) and messages[0].get("role") in _HEAD_ROLES else 0
+    turns = messages[start:]
+    keys = list(map(_message_key, turns))
+    if not keys:
+        return None, []
+    answers = [i for i, m in enumerate(turns) if i and isinstance(m, dict) and m.get("role") == "assistant"]
+    candidates = [hash(tuple(keys[:i])) for i in reversed(answers[-_PREDECESSORS_TRIED:])]
+    return hash(tuple(keys)), candidates
+
+
+def _closest(layouts: list[_Layout], hashes: list[str]) -> _Layout:
+    """Of requests with the same turns, the one whose head shares the most units with this
+    head (the newest on a tie)."""
+    best, best_score = layouts[-1], -1
+    for layout in reversed(layouts):
+        stable = layout.stable
+        kept = {stable[i : i + 8] for i in range(0, len(stable), 8)} | layout.moved
+        score = sum(map(kept.__contains__, hashes))
+        if score > best_score:
+            best, best_score = layout, score
+    return best

@@ -9,6 +9,8 @@ from gateway.cachestats.chain import checkpoints
 from gateway.cachestats.prefix import GEOMETRY, LocalPrefixes
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequestError
+from gateway.replicas.affinity import PREFIX_HASH
+from gateway.shaping.probe import PROBED
 from gateway.shaping.stability import StabilityModel
 from gateway.store.writer import StatsWriter
 
@@ -57,6 +59,7 @@ class ShapingState:
     def __init__(self) -> None:
         self.stability = StabilityModel()
         self.prefixes = LocalPrefixes()
+        self._probed_for: object = None  # the last policy whose vLLM templates were asked about
 
     def shape(
         self,
@@ -68,8 +71,21 @@ class ShapingState:
     ) -> None:
         """Shape a chat body in place; keep the result and the prompt's checkpoint chain on ``ctx``.
         ``tools_json``: the body's tool list as compact JSON, if the caller has it."""
-        ctx.shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
-        ctx.prefix_chain = checkpoints(body, ctx.shape.rendered_tools)
+        policy = ctx.snapshot.policy
+        if policy is not self._probed_for:
+            # What each vLLM deployment's chat template accepts, asked once (in the background;
+            # until it answers, its default placement holds).
+            self._probed_for = policy
+            PROBED.ask(policy)
+        ctx.shape = shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
+        ctx.prefix_chain = checkpoints(body, shape.rendered_tools)
+        # Replica affinity follows the shaped stable prefix (tools and the head's stable
+        # units), not the body's whole system message: a date in it moved, and the template's
+        # requests share one home replica. A client's own cache key wins. The variable is the
+        # request task's (a hedge's task inherits it); set on every shaped request, so that
+        # none inherits another's.
+        keyed = shape.prefix_hash and "prompt_cache_key" not in body
+        PREFIX_HASH.set(int(shape.prefix_hash, 16) if keyed else None)
 
     def prefix_hit(self, ctx: RequestContext) -> None:
         """This replica's expectation of cached tokens for the deployment that answers."""
@@ -79,3 +95,11 @@ class ShapingState:
             if spec is not None and spec.provider == "vllm":  # counted in vLLM's blocks and tokens
                 GEOMETRY.use_vllm(ctx.deployment, spec.launch.block_size if spec.launch else None)
             ctx.prefix_hit_tokens = self.prefixes.expect_and_add(ctx.deployment, ctx.prefix_chain, ttl_s)
+            if ctx.shape is not None:
+                # The stable prefix in the deployment's own tokens (calibrated by its replies),
+                # never more than the prompt: the shaper counted 4 bytes a token.
+                shape = ctx.shape
+                chain = ctx.prefix_chain
+                prompt = GEOMETRY.estimate(ctx.deployment, getattr(chain, "prompt_bytes", 0))
+                stable = GEOMETRY.estimate(ctx.deployment, 4 * shape.stable_prefix_tokens)
+                shape.stable_prefix_tokens = min(stable, prompt) if prompt else stable

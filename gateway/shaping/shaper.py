@@ -91,8 +91,9 @@ class PolicyShaper(Decisions, HeadSignatures):
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._tools_memo: dict[bytes, _ShapedTools] = {}
-        self._conversations: dict[str, _Layout] = {}  # per conversation, its last request's head
-        self._first_users: list[tuple[str, str]] = []  # recent first user messages and their hashes
+        # Per history (the turns a request sent), the layouts of the heads sent with it.
+        self._conversations: dict[str, list[_Layout]] = {}
+        self._read_hashes: list[str] = []  # the head being shaped's unit hashes
         self._seen: dict[str, int] = {}  # requests per template, for sampling signatures
         self._signed_in: dict[str, tuple[int, int]] = {}
         # What a head's text reads as depends on the text alone; it is read against the last
@@ -122,7 +123,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         raw = orjson.dumps(obj)
         found = self._canonical_memo.get(raw)
         if found is None:
-            found = orjson.loads(orjson.dumps(canonical_wrapper(obj)))
+            found = canonical_wrapper(obj)  # new containers all through: shareable
             if len(self._canonical_memo) > 4096:
                 self._canonical_memo.clear()
             self._canonical_memo[raw] = found
@@ -316,9 +317,10 @@ class PolicyShaper(Decisions, HeadSignatures):
         lines, units, texts, _, hashes, rag, rag_hash, skeleton, ambiguous, rag_blocks = read
         self._read_head = (content, lines)
         result.template = template or skeleton
-        key, previous = self._layout(messages, result.template)
+        self._read_hashes = read.hashes
+        keys, previous, prev_key = self._layout(messages, result.template)
         replayed = (
-            self._replayed(key, previous, result.template, read, stability, writer, messages, at)
+            self._replayed(prev_key, previous, result.template, read, stability, writer, messages, at)
             if previous is not None and rag < 0 and not ambiguous and not rag_blocks
             else None
         )
@@ -328,7 +330,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         else:
             replay, changed = None, []
             order, end_idx, late_idx, rag, moving = self._decided(
-                read, result.template, key, previous, stability, writer, messages, at
+                read, result.template, prev_key, previous, stability, writer, messages, at
             )
         # The units that stay, in their order (``order`` is exactly those, and the block).
         stable_idx = order if rag < 0 else [i for i in order if i != rag]
@@ -341,12 +343,14 @@ class PolicyShaper(Decisions, HeadSignatures):
             whole = content if len(stable_idx) == len(texts) else None
             stable = self._stable(result.template, stable_idx, texts, hashes, whole)
         stable_text, stable_hashes, stable_key, has_stable = stable
-        if key:
+        if keys:
             # The retrieval block, wherever it stays, is known by its element lines.
             kept_rag = read.rag >= 0 and not moving[read.rag]
-            layout = self._remember(key, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""))
+            layout = self._remember(
+                keys, hashes, moving, stable_hashes + (rag_hash if kept_rag else ""), previous
+            )
             if read.rag < 0 and not ambiguous and not rag_blocks:
-                self._keep_replay(key, layout, hashes, moving, stable_idx, stable)
+                self._keep_replay(keys, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.

@@ -4,6 +4,11 @@ A line is never moved out of the structure it belongs to. The text is cut, line-
 into units:
 
 - a **fenced code block** (```` ``` ```` or ``~~~`` up to its closing fence);
+- a **delimited block**: the text between two identical delimiter lines (a rule of ``-``,
+  ``=``, ``*``, ``_``, ``+`` or ``#``, three or more), both lines and every blank line
+  inside included, with the line announcing it ("Context information is below.", a
+  lead-in ending with ``:``) and up to two blank lines after that line: retrieved or
+  pasted text framed by rules, which no other rule may cut;
 - an **XML-like element** whose opening tag starts a line and whose closing tag ends a
   later one (``<memories>`` … ``</memories>``; nested elements of the same name counted);
 - a **markdown section**: a heading and everything up to the next heading of its level or
@@ -35,9 +40,13 @@ _ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s")
 _KEY_VALUE = re.compile(r"^[A-Za-z][\w '\u2019()/.-]{0,40}:\s*\S")
 _ENDS_CLAUSE = tuple(".!?;:)]}\"'`>*|…")
 
+_ANNOUNCES = re.compile(r"\b(?:below|following)\b[^.!?]*[.:]$", re.IGNORECASE)
+_DELIMITER_CHARS = frozenset("-=*_+#")
+
 # Line kinds: the structural role a line can have by itself (memoized per line text).
 BLANK, HEADING, ITEM, INDENT, TABLE, LEAD_IN, KEY_VALUE, TEXT, BREAK = range(9)
-ELEMENT, FENCE, SECTION, LINES = "element", "fence", "section", "lines"
+DELIM = 9  # a delimited block (not a line kind: the kind :func:`segment` gives the block)
+ELEMENT, FENCE, SECTION, LINES, DELIMITED = "element", "fence", "section", "lines", "delimited"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +124,29 @@ def glued(a: str, ka: int, b: str, kb: int) -> bool:
     return not a.rstrip().endswith(_ENDS_CLAUSE) and b[:1].islower()
 
 
+def delimiter(line: str) -> str:
+    """The line's delimiter (its text, stripped) when it is a rule of one character repeated
+    three times or more (``-----``, ``===``, ``###``); "" otherwise."""
+    stripped = line.strip()
+    if len(stripped) >= 3 and stripped[0] in _DELIMITER_CHARS and stripped == stripped[0] * len(stripped):
+        return stripped
+    return ""
+
+
+def announces(line: str) -> bool:
+    """Whether a line announces what follows ("Context information is below.")."""
+    return _ANNOUNCES.search(line.rstrip()) is not None
+
+
+def _delimited_end(lines: list[str], start: int, rule: str) -> int:
+    """The index after the line that repeats the delimiter ``rule`` opened at ``start``; 0 when
+    none does (then the line is a divider of its own)."""
+    for j in range(start + 1, len(lines)):
+        if lines[j].strip() == rule:
+            return j + 1
+    return 0
+
+
 def _fence_end(lines: list[str], start: int, fence: str) -> int:
     """The index after the fence opened at ``start`` closes (the end of the text if never)."""
     for j in range(start + 1, len(lines)):
@@ -160,6 +192,13 @@ def _blocks(lines: list[str]) -> list[tuple[int, int, str, str]]:
             blocks.append((i, end, FENCE, ""))
             i = end
             continue
+        rule = delimiter(line)
+        if rule:
+            end = _delimited_end(lines, i, rule)
+            if end:
+                blocks.append((i, end, DELIMITED, ""))
+                i = end
+                continue
         tag = _OPEN_TAG.match(line) if "<" in line else None
         if tag:
             end = _element_end(lines, i, tag.group(1))
@@ -176,7 +215,7 @@ def segment(lines: list[str]) -> list[Unit]:
     """Cut ``lines`` into self-contained units (see the module docstring)."""
     units: list[Unit] = []
     blocks = _blocks(lines)
-    kinds = [line_kind(lines[b[0]]) if b[2] == LINES else -1 for b in blocks]
+    kinds = [line_kind(lines[b[0]]) if b[2] == LINES else DELIM if b[2] == DELIMITED else -1 for b in blocks]
     k, n = 0, len(blocks)
     while k < n:
         start, end, kind, tag = blocks[k]
@@ -190,14 +229,29 @@ def segment(lines: list[str]) -> list[Unit]:
             depth = level(lines[start])
             last = k
             j = k + 1
-            while j < n and kinds[j] != BREAK and (kinds[j] != HEADING or level(lines[blocks[j][0]]) > depth):
+            while (
+                j < n
+                and kinds[j] != BREAK
+                and kinds[j] != DELIM
+                and (kinds[j] != HEADING or level(lines[blocks[j][0]]) > depth)
+            ):
                 if kinds[j] != BLANK:
                     last = j
                 j += 1
             units.append(Unit(start, blocks[last][1], SECTION))
             k = last + 1
             continue
-        # A run of glued blocks (an element or fence glues only to a lead-in before it).
+        if kinds[k] in (LEAD_IN, TEXT) and end == start + 1:
+            # A line announcing a delimited block, up to two blank lines before it: one unit.
+            m = k + 1
+            while m < n and m <= k + 2 and kinds[m] == BLANK:
+                m += 1
+            if m < n and kinds[m] == DELIM and (kinds[k] == LEAD_IN or announces(lines[start])):
+                units.append(Unit(start, blocks[m][1], DELIMITED))
+                k = m + 1
+                continue
+        # A run of glued blocks (an element, fence or delimited block glues only to a lead-in
+        # before it).
         j = k
         while j + 1 < n:
             a, b = blocks[j], blocks[j + 1]
@@ -220,7 +274,7 @@ def segment(lines: list[str]) -> list[Unit]:
 
 
 _shape_ids: dict[str, int] = {}
-_plain_shapes: dict[tuple[int, bool, bool, int], int] = {}
+_plain_shapes: dict[tuple[int, bool, bool, int, bool], int] = {}
 _digit_shapes: dict[bytes, int] = {}  # by the line with its digits as 0: no pattern tells them apart
 _own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
@@ -233,7 +287,8 @@ def _shape_id(line: str) -> int:
     that may open or close an element or a fence is its own shape. Lines differing only in
     their digits (a time, a count) have the same shape: found by the line with its digits
     as ``0``, without the patterns."""
-    if "<" in line or "`" in line or "~" in line:
+    if "<" in line or "`" in line or "~" in line or delimiter(line):
+        # A delimiter pairs with the same text only: its own shape, like a tag's line.
         shape = -next(_own_shapes)
     else:
         digits = line.encode("utf-8", "surrogatepass").translate(_DIGITS)
@@ -242,7 +297,13 @@ def _shape_id(line: str) -> int:
             kind = line_kind(line)
             # Only a heading has a level (the same pattern decides both).
             depth = level(line) if kind == HEADING else 0
-            key = (kind, line.rstrip().endswith(_ENDS_CLAUSE), line[:1].islower(), depth)
+            key = (
+                kind,
+                line.rstrip().endswith(_ENDS_CLAUSE),
+                line[:1].islower(),
+                depth,
+                kind in (LEAD_IN, TEXT) and announces(line),
+            )
             found = _plain_shapes.setdefault(key, len(_plain_shapes))
             if len(_digit_shapes) > 50_000:
                 _digit_shapes.clear()
@@ -271,7 +332,7 @@ def same_shape(a: str, b: str) -> bool:
 def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]:
     """:func:`segment`, memoized by the lines' shapes: a template's requests differ in values,
     rarely in shape, so the per-request cost is a lookup per line. Also the line ranges outside
-    elements and code blocks (where a template's skeleton is read)."""
+    elements, code blocks and delimited blocks (where a template's skeleton is read)."""
     known: list[int | None] = list(map(_shape_ids.get, lines))
     start = 0
     while None in known:  # the new lines only (C-speed scans between them)
@@ -283,8 +344,8 @@ def segment_cached(lines: list[str]) -> tuple[list[Unit], list[tuple[int, int]]]
         units = segment(lines)
         ranges: list[tuple[int, int]] = []
         for unit in units:
-            if unit.kind in (ELEMENT, FENCE):
-                continue
+            if unit.kind in (ELEMENT, FENCE, DELIMITED):
+                continue  # retrieved or pasted text: no template is named by it
             if ranges and ranges[-1][1] == unit.start:
                 ranges[-1] = (ranges[-1][0], unit.end)
             else:

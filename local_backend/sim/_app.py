@@ -78,15 +78,59 @@ def _api(endpoint: str, impl: _Impl) -> Callable[[web.Request], Awaitable[web.St
     return handler
 
 
+def _apply_template(call: Call, body: dict[str, Any]) -> None:
+    """Refuse what the configured chat template refuses (``--template first``: a system
+    message after the first message), as vLLM answers a template that raises: a 400."""
+    if call.state.config.template != "first":
+        return
+    for i, message in enumerate(body["messages"]):
+        if i and isinstance(message, dict) and message.get("role") in ("system", "developer"):
+            raise SimError(400, "System message must be at the beginning.", param="messages")
+
+
 async def _chat_completions(call: Call) -> web.StreamResponse:
     check_auth(call)
     body = await read_json(call)
     check_messages(body)
     model, profile = require_model(call, body)
+    _apply_template(call, body)
     prompts = [render_chat(body)]
     return await generate(
         call, chat=True, model=model, profile=profile, prompts=prompts, body=body, param="messages"
     )
+
+
+async def _tokenize(call: Call) -> web.StreamResponse:
+    """vLLM's ``POST /tokenize``: ``messages`` (rendered with the chat template, which may
+    refuse them) or ``prompt``; answers ``count``, ``max_model_len`` and ``tokens``, generates
+    nothing. The tokens are the simulator's (one per 4 bytes), their ids made up."""
+    check_auth(call)
+    body = await read_json(call)
+    if "messages" in body:
+        check_messages(body)
+        _apply_template(call, body)
+        prompt = render_chat(body)
+    elif isinstance(body.get("prompt"), str):
+        prompt = body["prompt"].encode()
+    else:
+        raise invalid_value("messages", "either 'messages' or a string 'prompt' is required")
+    model = body.get("model")
+    if model is not None:
+        require_model(call, body)
+    count = token_count(prompt)
+    tokens = [
+        int.from_bytes(prompt[i : i + 4].ljust(4, b"\0"), "little") % 50_000 for i in range(0, len(prompt), 4)
+    ]
+    return _json({"count": count, "max_model_len": 32_768, "tokens": tokens})
+
+
+async def _tokenize_handler(request: web.Request) -> web.StreamResponse:
+    """``/tokenize`` outside the request statistics (it generates nothing: the counts, the
+    ``recent`` list and the faults are the generating endpoints')."""
+    try:
+        return await _tokenize(Call(request.app[SIM_STATE], request, {}))
+    except SimError as error:
+        return error.response()
 
 
 async def _completions(call: Call) -> web.StreamResponse:
@@ -261,6 +305,7 @@ def create_app(config: SimConfig) -> web.Application:
     add_get, add_post = app.router.add_get, app.router.add_post
     add_post("/v1/chat/completions", _api("/v1/chat/completions", _chat_completions))
     add_post("/v1/completions", _api("/v1/completions", _completions))
+    add_post("/tokenize", _tokenize_handler)
     add_post("/v1/embeddings", _api("/v1/embeddings", _embeddings))
     add_post("/v1/messages", _api("/v1/messages", messages))
     add_post("/v1/messages/count_tokens", _api("/v1/messages/count_tokens", count_tokens))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 
 from local_backend.sim._faults import FaultRule, parse_fault_rule
 from local_backend.sim._tokens import CacheModel
+
+TemplateStrictness = Literal["any", "first"]
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,14 @@ class SimConfig:
     require_api_key: str | None = None
     seed: int = 0
     chunk_tokens: int = 1
+    template: TemplateStrictness = "any"
+    """Where the model's chat template takes a system message: ``any`` (anywhere),
+    ``first`` (only as the first message: a later one is refused, as many templates raise)."""
     faults: list[FaultRule] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.template not in get_args(TemplateStrictness):
+            raise ValueError(f"template must be one of {get_args(TemplateStrictness)}, got {self.template!r}")
         if self.cache_model not in get_args(CacheModel):
             raise ValueError(f"cache_model must be one of {get_args(CacheModel)}, got {self.cache_model!r}")
         for name in ("block_tokens", "max_num_seqs", "chunk_tokens"):
@@ -167,6 +174,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--require-api-key", metavar="KEY", help="answer 401 unless 'Authorization: Bearer KEY'")
     add("--fault", action="append", metavar="MODEL:SPEC[@RATE][#COUNT]", help="fault rule (repeatable)")
     add("--seed", type=int, help="seed of the fault and jitter RNGs (default 0)")
+    add(
+        "--template",
+        choices=list(get_args(TemplateStrictness)),
+        help="where the chat template takes a system message: any (default) or first (a later one is a 400)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -193,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ("chunk_tokens", args.chunk_tokens),
         ("require_api_key", args.require_api_key),
         ("seed", args.seed),
+        ("template", args.template),
     ):
         if value is not None:
             setattr(config, attr, value)

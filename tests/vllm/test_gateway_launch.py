@@ -7,6 +7,7 @@ expensive part on a small machine."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -247,3 +248,98 @@ def test_a_shared_prefix_lands_on_the_replica_that_holds_it(gateway: GatewayProc
     assert sum(hits) >= len(prompts) * (repeats - 1) * 4 * 128, (hits, queries)
     assert all(q > 0 for q in queries), queries
     assert routed_home(gateway) - home_before == len(prompts) * repeats
+
+
+def test_the_probed_placement_is_what_the_tiny_models_template_renders(
+    gateway: GatewayProcess, port: int
+) -> None:
+    import asyncio
+
+    import aiohttp
+
+    from gateway.shaping.probe import PROBES, probe_placement, tokenize_url
+
+    wait_ready(gateway)
+    base = f"http://127.0.0.1:{port}/v1"
+
+    async def ask() -> Any:
+        async with aiohttp.ClientSession() as session:
+            return await probe_placement(session, base, "tiny")
+
+    found = asyncio.run(ask())
+    # The tiny model's template renders every message in order, a system message anywhere.
+    assert found == "after_last_turn"
+    # Every conversation of that placement renders with its late system message in the
+    # prompt (vLLM's own /tokenize and chat completions), and the gateway sends such a turn.
+    for _, conversations in PROBES[:1]:
+        for without, with_late in conversations:
+            counts = []
+            for messages in (without, with_late):
+                request = urllib.request.Request(
+                    tokenize_url(base),
+                    data=json.dumps({"model": "tiny", "messages": messages}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    counts.append(json.loads(answer.read())["count"])
+            assert counts[1] > counts[0]
+    deadline = time.monotonic() + 60  # the gateway's probe retries every 10 s while vLLM starts
+    minute = 0
+    with client(gateway) as c:
+        while True:
+            raw = c.chat.completions.with_raw_response.create(
+                model="tiny",
+                messages=[
+                    {
+                        "role": "system",
+                        "content": f"Current time: 12:{minute:02d}:00\n" + system_prompt(9, 200),
+                    },
+                    {"role": "user", "content": "q0"},
+                    {"role": "assistant", "content": "a0"},
+                    {"role": "user", "content": f"q{minute + 1}"},
+                ],
+                max_tokens=2,
+            )
+            assert raw.parse().choices[0].message is not None  # never refused by the template
+            # Once the gateway's own probe answered, the time goes after the newest turn.
+            if "turn:" in raw.headers.get("x-switchyard-shaping", ""):
+                break
+            assert time.monotonic() < deadline, raw.headers
+            minute = (minute + 1) % 60
+            time.sleep(0.5)
+
+
+def routed_per_replica(gw: GatewayProcess) -> list[int]:
+    status = http_json("GET", gw.url + "/admin/replicas")["deployments"]["tiny"]
+    return [sum((r.get("routed_by") or {}).values()) for r in status["replicas"]]
+
+
+def test_a_dated_system_prompt_keeps_its_home_replica(gateway: GatewayProcess) -> None:
+    wait_ready(gateway)
+    before = routed_per_replica(gateway)
+    rules = system_prompt(41, 600)
+    with client(gateway) as c:
+        for i in range(6):
+            # A new time on every request: shaping moves it, and the replica follows the
+            # shaped prefix, not the body's.
+            c.chat.completions.create(
+                model="tiny",
+                messages=[
+                    {
+                        "role": "system",
+                        "content": f"Current time: 2026-12-07T12:{i:02d}:{i * 7 % 60:02d}Z\n{rules}",
+                    },
+                    {"role": "user", "content": f"question {i}"},
+                ],
+                max_tokens=2,
+            )
+    grew = [a - b for a, b in zip(routed_per_replica(gateway), before, strict=True)]
+    assert sorted(grew) == [0, 6], grew  # every repeat on one replica, its home
+
+
+def test_the_tiny_models_template_read_offline_gives_the_same_placement(real_vllm: RealVllm) -> None:
+    from gateway.shaping.chat_template import render_placement
+
+    # What the gateway reads from the model directory before vLLM is up is what the
+    # deployment's /tokenize accepts (test_the_probed_placement_is_what_...: after_last_turn).
+    assert render_placement(real_vllm.model) == "after_last_turn"

@@ -223,3 +223,18 @@ def test_admin_replicas_shows_what_vllm_reports(fresh: list[SimServer], make_gat
     assert replica["window"]["prefix_cache_hit_rate"] > 0
     assert status["ready"] is True and status["healthy_replicas"] == 3 and status["prefix_cache_hit_rate"] > 0
     assert status["load_factor"] == 1.25 and status["load_slack"] == 4
+
+
+def test_a_dated_system_prompt_keeps_its_home_replica(fresh: list[SimServer], make_gateway: Any) -> None:
+    # The system prompt opens with the time, different on every request: the body's bytes
+    # differ each time, but shaping moves the time to the end of the system message and the
+    # replica follows the shaped stable prefix (before, 10 requests went to 2 or 3 replicas).
+    gw = make_gateway(replica_policy(fresh))
+    wait_ready(gw, 3)
+    body = "Follow the house style guide carefully. " * 30
+    with client(gw) as c:
+        for r in range(10):
+            system = f"Current time: 2026-12-07T12:{r:02d}:{r * 5 % 60:02d}Z\n{body}"
+            ask(c, system, f"question {r}", f"d{r}")
+    served = where_did_they_go(fresh)
+    assert len({served[f"d{r}"] for r in range(10)}) == 1, served

@@ -69,12 +69,21 @@ def test_a_vllm_deployment_counts_in_its_blocks_with_its_calibrated_bytes_per_to
     assert hit % 128 == 0 and abs(hit - shared_bytes / 3) <= 128
 
 
-def test_usage_of_other_deployments_does_not_calibrate() -> None:
+def test_an_openai_deployment_is_calibrated_too_and_no_estimate_exceeds_the_prompt() -> None:
     geometry = Geometries()
-    chain = checkpoints(body("x"))
-    geometry.observe("openai", chain, 10)
-    geometry.observe("openai", [1, 2, 3], 10)
+    geometry.observe("openai", [1, 2, 3], 10)  # not a chain: nothing to learn from
     assert geometry.bytes_per_token("openai") == 4.0
+    prefixes = LocalPrefixes(geometry=geometry)
+    first = checkpoints(body("first"))
+    # Its tokenizer makes 6.5 bytes a token (code, JSON): 4 bytes a token would promise
+    # more cached tokens than the prompt has.
+    for _ in range(40):
+        geometry.observe("openai", first, int(first.prompt_bytes / 6.5))
+    prompt_tokens = int(first.prompt_bytes / 6.5)
+    prefixes.expect_and_add("openai", first, 600)
+    hit = prefixes.expect_and_add("openai", first, 600)  # the same prompt again: all of it
+    assert 0 < hit <= prompt_tokens
+    assert hit % CHECKPOINT_TOKENS == 0
 
 
 @settings(max_examples=300, deadline=None)
