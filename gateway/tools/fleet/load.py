@@ -33,6 +33,7 @@ class Outcome:
     completion_tokens: int = 0
     error: str | None = None
     request_id: str = ""
+    usage: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -126,6 +127,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome) -> dict[str, 
 def _read_usage(out: Outcome, usage: dict[str, Any] | None) -> None:
     if not usage:
         return
+    out.usage = usage
     out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     out.completion_tokens = int(usage.get("completion_tokens") or 0)
     out.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
