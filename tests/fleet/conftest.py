@@ -15,7 +15,15 @@ from gateway.tools.fleet.net import Topology
 from tests.helpers import OUTPUT_DIR
 
 # Order in which the files run: the ones that stop, cut or kill things last.
-ORDER = ["test_views", "test_policy", "test_limits", "test_affinity", "test_state", "test_restart", "test_outages"]
+ORDER = [
+    "test_views",
+    "test_policy",
+    "test_limits",
+    "test_affinity",
+    "test_state",
+    "test_restart",
+    "test_outages",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -39,7 +39,11 @@ def settled(bed: FleetBed, path: str, want: Any) -> list[Any]:
 def strip(body: Any) -> Any:
     """A report without what is this process's own (live circuits, drift, write counters)."""
     if isinstance(body, dict):
-        return {k: strip(v) for k, v in body.items() if k not in ("live", "routing", "fleet", "stats_writes", "generated_at")}
+        return {
+            k: strip(v)
+            for k, v in body.items()
+            if k not in ("live", "routing", "fleet", "stats_writes", "generated_at")
+        }
     return body
 
 
@@ -47,7 +51,14 @@ def test_every_gateway_reports_the_fleets_figures(bed: FleetBed) -> None:
     key = bed.create_key("views")
     gateways = [g.url for g in bed.gateways]
     result = asyncio.run(
-        run_load(lambda: gateways, key, lambda i: chat_body(PREFIXES[i % 4], f"question {i}"), rate_per_s=20, duration_s=3, tag="views")
+        run_load(
+            lambda: gateways,
+            key,
+            lambda i: chat_body(PREFIXES[i % 4], f"question {i}"),
+            rate_per_s=20,
+            duration_s=3,
+            tag="views",
+        )
     )
     assert not result.failed and result.admitted == 60
     prompt, cached, completion = result.tokens()
@@ -55,14 +66,20 @@ def test_every_gateway_reports_the_fleets_figures(bed: FleetBed) -> None:
     price = parse_policy(bed.policy_path.read_text(), "p").deployments["local"].price
     cost_nano = sum(cost_nano_usd(price, o.usage) for o in result.outcomes)
 
-    stats = settled(bed, "/admin/stats?since=5m", lambda b: b["deployments"].get("local", {}).get("requests") == 60)
+    stats = settled(
+        bed, "/admin/stats?since=5m", lambda b: b["deployments"].get("local", {}).get("requests") == 60
+    )
     local = stats[0]["deployments"]["local"]
     assert (local["prompt_tokens"], local["cached_tokens"]) == (prompt, cached)
 
     costs = settled(bed, "/admin/costs?days=1", lambda b: b["days"][0]["requests"] == 60)
     day = costs[0]["days"][0]
     assert day["deployments"]["local"]["requests"] == 60
-    assert (day["prompt_tokens"], day["cached_tokens"], day["completion_tokens"]) == (prompt, cached, completion)
+    assert (day["prompt_tokens"], day["cached_tokens"], day["completion_tokens"]) == (
+        prompt,
+        cached,
+        completion,
+    )
     assert day["cost_usd"] == round(cost_nano / NANO_USD, 9)
 
     dash = settled(bed, "/admin/dashboard?since=5m", lambda b: True)
@@ -82,6 +99,8 @@ def test_admin_fleet_lists_every_live_gateway(bed: FleetBed) -> None:
     views = [admin(g.url, "/admin/fleet") for g in bed.gateways]
     for view in views:
         assert view["live"] == 3
-        assert sorted(b["address"] for b in view["gateways"]) == sorted(f"{g.host.address}:{g.port}" for g in bed.gateways)
+        assert sorted(b["address"] for b in view["gateways"]) == sorted(
+            f"{g.host.address}:{g.port}" for g in bed.gateways
+        )
         assert len(view["policies"]) == 1
     assert len({v["self"] for v in views}) == 3
