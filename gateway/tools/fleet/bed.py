@@ -131,7 +131,8 @@ def _port(host: Host, fixed: int, bus: bool = False) -> int:
 
 
 def fleet_policy(sim_urls: list[str], comment: str = "") -> str:
-    """The bed's policy: one vLLM deployment served by every simulator, prefix affinity on."""
+    """The bed's policy: vLLM deployments served by every simulator, prefix affinity on:
+    ``local`` (tier ``fast``, priced) and ``local-slow`` (tier ``slow``: streams of about 1.2 s)."""
     urls = ", ".join(f'"{u}/v1"' for u in sim_urls)
     return f"""# fleet test bed policy {comment}
 deployments:
@@ -143,8 +144,13 @@ deployments:
       urls: [{urls}]
       health_interval_s: 0.5
       metrics_interval_s: 1.0
+  local-slow:
+    provider: vllm
+    model: {MODEL}-slow
+    replicas: {{urls: [{urls}], health_interval_s: 0.5, metrics_interval_s: 1.0}}
 tiers:
   fast: [local]
+  slow: [local-slow]
 """
 
 
@@ -187,7 +193,15 @@ class FleetBed:
                 host = self.topology.add(f"s{i + 1}")
                 argv = [sys.executable, "-m", "local_backend.sim", "--host", host.address]
                 node = Node(f"sim-{i + 1}", host, _port(host, 8000), argv, self.workdir, {})
-                node.argv += ["--port", str(node.port), "--model", f"{MODEL}:3:1", "--output-tokens", "8"]
+                node.argv += [
+                    "--port",
+                    str(node.port),
+                    "--model",
+                    f"{MODEL}:3:1",
+                    "--model",
+                    f"{MODEL}-slow:50:150",
+                ]
+                node.argv += ["--output-tokens", "8"]
                 self.sims.append(node.start())
             for node in self.sims:
                 wait_http_ok(node.url + "/health", 30, node.proc)

@@ -72,9 +72,12 @@ class LoadResult:
         )
 
 
-def chat_body(system: str, user: str, *, stream: bool = False, max_tokens: int = 8) -> dict[str, Any]:
+def chat_body(
+    system: str, user: str, *, stream: bool = False, max_tokens: int = 8, model: str = "fast"
+) -> dict[str, Any]:
+    """A chat request with ``system`` first (the stable prefix) and ``user`` last."""
     body: dict[str, Any] = {
-        "model": "fast",
+        "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         "max_tokens": max_tokens,
         "stream": stream,
@@ -142,10 +145,11 @@ async def run_load(
     duration_s: float,
     timeout_s: float = 30.0,
     tag: str = "load",
+    until: asyncio.Event | None = None,
 ) -> LoadResult:
-    """Send ``rate_per_s`` requests a second for ``duration_s`` (open loop: a slow answer
-    does not slow the sending), request ``i`` with ``body(i)``, round robin over
-    ``rotation()`` as it is at each send; wait for every answer."""
+    """Send ``rate_per_s`` requests a second for ``duration_s`` or until ``until`` is set
+    (open loop: a slow answer does not slow the sending), request ``i`` with ``body(i)``,
+    round robin over ``rotation()`` as it is at each send; wait for every answer."""
     result = LoadResult()
     interval = 1.0 / rate_per_s
     timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -156,7 +160,7 @@ async def run_load(
         counter = itertools.count()
         for i in counter:
             send_at = start + i * interval
-            if send_at - start >= duration_s:
+            if send_at - start >= duration_s or (until is not None and until.is_set()):
                 break
             delay = send_at - time.monotonic()
             if delay > 0:
