@@ -151,6 +151,9 @@ deployments:
 tiers:
   fast: [local]
   slow: [local-slow]
+dispatch:
+  # A cut-off host answers nothing: give up on it (and retry elsewhere) in seconds.
+  timeouts: {{connect_s: 1, first_token_s: 3, first_byte_s: 3}}
 """
 
 

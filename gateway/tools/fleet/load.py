@@ -34,6 +34,9 @@ class Outcome:
     error: str | None = None
     request_id: str = ""
     usage: dict[str, Any] | None = None
+    limit_checked: bool = False
+    """The answer carried ``x-ratelimit-*`` headers: the key's limits were checked in Redis
+    (a gateway that found Redis unreachable admits without them: limits fail open)."""
 
     @property
     def ok(self) -> bool:
@@ -96,6 +99,7 @@ async def one_request(
     try:
         async with session.post(gateway + "/v1/chat/completions", json=body, headers=headers) as resp:
             out.status = resp.status
+            out.limit_checked = any(h.lower().startswith("x-ratelimit-") for h in resp.headers)
             if resp.status != 200:
                 await resp.read()
             elif body.get("stream"):
