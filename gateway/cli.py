@@ -20,6 +20,7 @@ from gateway.config import PolicyError, Settings, load_policy
 from gateway.routing import cli as routing_cli
 from gateway.store import check_url as check_redis_url
 from gateway.tools import batch, bench
+from gateway.tools.fleet import cli as fleet_cli
 
 
 def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -217,6 +218,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     stats_cli.register,
     bench.register,
     keys_cli.register,
+    fleet_cli.register,
 ]
 
 

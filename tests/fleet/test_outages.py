@@ -9,11 +9,11 @@ import asyncio
 import re
 import signal
 import time
-from collections import defaultdict
 
 import pytest
 from redis.cluster import RedisCluster
 
+from gateway.tools.fleet import checks
 from gateway.tools.fleet.bed import FleetBed, admin, http
 from gateway.tools.fleet.load import LoadResult, chat_body, run_load
 
@@ -23,18 +23,7 @@ PREFIXES = [f"You are outage assistant {i}. " + "Answer in the house style. " * 
 
 
 def homes(bed: FleetBed, result: LoadResult, cut: int | None = None) -> dict[int, set[int]]:
-    """Prefix -> the simulators that served it (-1: not one that can be asked: ``cut``)."""
-    where = {}
-    for index, sim in enumerate(bed.sims):
-        if index == cut:
-            continue
-        for entry in http("GET", sim.url + "/sim/stats")["recent"]:
-            where[entry["x-request-id"]] = index
-    out: dict[int, set[int]] = defaultdict(set)
-    for i, o in enumerate(result.outcomes):
-        if o.ok:
-            out[i % len(PREFIXES)].add(where.get(o.request_id, -1))
-    return out
+    return checks.served_by(bed, result, len(PREFIXES), cut)
 
 
 def burst(bed: FleetBed, key: str, tag: str, seconds: float = 2.0) -> LoadResult:

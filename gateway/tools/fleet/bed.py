@@ -174,7 +174,15 @@ class FleetBed:
         self.topology = topology
         self.workdir = workdir
         self.counts = (gateways, masters, replicas, sims)
-        self.gateway_env = gateway_env or {}
+        self.gateway_settings = {
+            "SWITCHYARD_ADMIN_KEY": ADMIN_KEY,
+            "SWITCHYARD_POLICY_FROM_REDIS": "1",
+            "SWITCHYARD_RELOAD_INTERVAL_S": "0.5",
+            "SWITCHYARD_HEARTBEAT_S": "0.5",
+            "SWITCHYARD_DRAIN_TIMEOUT_S": "20",
+            **(gateway_env or {}),
+        }
+        """The gateways' environment (``gateway_env`` overrides the bed's defaults)."""
         self.redis: list[Node] = []
         self.sims: list[Node] = []
         self.gateways: list[Node] = []
@@ -276,15 +284,7 @@ class FleetBed:
             sys.executable, "-m", "gateway", "serve", "--host", host.address, "--port", str(port),
             "--policy", str(self.policy_path), "--redis-url", self.redis_url, "--auth", "keys",
         ]  # fmt: skip
-        env = {
-            "SWITCHYARD_ADMIN_KEY": ADMIN_KEY,
-            "SWITCHYARD_POLICY_FROM_REDIS": "1",
-            "SWITCHYARD_RELOAD_INTERVAL_S": "0.5",
-            "SWITCHYARD_HEARTBEAT_S": "0.5",
-            "SWITCHYARD_DRAIN_TIMEOUT_S": "20",
-            **self.gateway_env,
-        }
-        return Node(f"gateway-{index}", host, port, argv, self.workdir, env)
+        return Node(f"gateway-{index}", host, port, argv, self.workdir, self.gateway_settings)
 
     def wait_ready(self, node: Node, timeout_s: float = 40) -> None:
         try:
