@@ -235,7 +235,7 @@ class FleetBed:
                 "redis-server", "--bind", host.address, "--port", str(port), "--cluster-enabled", "yes",
                 "--cluster-config-file", str(wd / "nodes.conf"), "--dir", str(wd),
                 "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
-                "--protected-mode", "no",
+                "--protected-mode", "no", "--cluster-announce-ip", host.address,
             ]  # fmt: skip
             self.redis.append(Node(f"redis-{i + 1}", host, port, argv, self.workdir, {}).start())
         for node in self.redis:
