@@ -130,9 +130,10 @@ def _port(host: Host, fixed: int, bus: bool = False) -> int:
                 return port
 
 
-def fleet_policy(sim_urls: list[str], comment: str = "") -> str:
+def fleet_policy(sim_urls: list[str], comment: str = "", extra: str = "") -> str:
     """The bed's policy: vLLM deployments served by every simulator, prefix affinity on:
-    ``local`` (tier ``fast``, priced) and ``local-slow`` (tier ``slow``: streams of about 1.2 s)."""
+    ``local`` (tier ``fast``, priced) and ``local-slow`` (tiers ``slow`` and ``strong``: streams
+    of about 1.2 s); ``extra`` is appended (a ``routing:`` block, say)."""
     urls = ", ".join(f'"{u}/v1"' for u in sim_urls)
     return f"""# fleet test bed policy {comment}
 deployments:
@@ -151,10 +152,11 @@ deployments:
 tiers:
   fast: [local]
   slow: [local-slow]
+  strong: [local-slow]
 dispatch:
   # A cut-off host answers nothing: give up on it (and retry elsewhere) in seconds.
   timeouts: {{connect_s: 1, first_token_s: 3, first_byte_s: 3}}
-"""
+{extra}"""
 
 
 class FleetBed:
