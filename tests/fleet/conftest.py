@@ -27,8 +27,13 @@ ORDER = [
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: only this folder's are ranked (a stable sort
+    # leaves every other test where it was).
     def rank(item: pytest.Item) -> int:
-        name = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        path, _, _ = item.nodeid.partition("::")
+        if not path.startswith("tests/fleet/"):
+            return len(ORDER)
+        name = path.rsplit("/", 1)[-1].removesuffix(".py")
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     items.sort(key=rank)

@@ -1,6 +1,6 @@
 """Limits and budgets hold fleet-wide: keys hit through all three gateways at three times
-their limit are admitted as one token bucket in Redis allows (within 2 %), and a budget is
-overspent by no more than the requests in flight when it ran out."""
+their limit are admitted as one token bucket in Redis allows (within 2 % of the limit),
+and a budget is overspent by no more than the requests in flight when it ran out."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ def test_rpm_and_tpm_hold_across_three_gateways_at_three_times_the_limit(bed: Fl
     assert figures["failed"] == 0
     assert figures["rpm_burst_admitted"] == 60
     # One bucket for the fleet: what it refills from the burst on, not three times that.
+    # Within 2 % of the limit (60 a minute: 1.2 requests; TPM: plus the last request, which
+    # is charged when it ends).
     expected = figures["rpm_expected"]
-    assert abs(figures["rpm_admitted"] - expected) <= max(0.02 * expected, 1), figures
+    assert abs(figures["rpm_admitted"] - expected) <= 0.02 * 60, figures
     expected_tokens = figures["tpm_expected_tokens"]
-    slack = max(0.02 * expected_tokens, 1) + figures["tpm_request_tokens"]
+    slack = 0.02 * figures["tpm"] + figures["tpm_request_tokens"]
     assert abs(figures["tpm_admitted_tokens"] - expected_tokens) <= slack, figures
     assert figures["ok"]
 

@@ -57,7 +57,8 @@ def limits(bed: FleetBed, rpm: int = 60, steady_s: float = 20.0) -> dict[str, An
     ``steady_s``: one limited to ``rpm`` (emptied first by a burst of a minute's requests),
     one to a TPM worth ``rpm`` requests a minute (emptied first by one request as large as
     its minute). ``expected`` is what one token bucket allows; ``ok`` when each is within
-    2 % (or one request) of it and nothing failed."""
+    2 % of its limit (TPM: plus the last request, charged when it ends) and nothing
+    failed."""
     gateways = [g.url for g in bed.gateways]
     stamp = time.time_ns()
     probe = asyncio.run(
@@ -98,8 +99,9 @@ def limits(bed: FleetBed, rpm: int = 60, steady_s: float = 20.0) -> dict[str, An
     # the last one admitted may take it below zero by its own size.
     tpm_window_s = by_tpm.outcomes[-1].started - drain.outcomes[0].ended
     expected_tokens = tpm - drained + tpm * tpm_window_s / 60
-    rpm_ok = burst.admitted == rpm and abs(by_rpm.admitted - expected) <= max(0.02 * expected, 1)
-    tpm_ok = abs(tokens - expected_tokens) <= max(0.02 * expected_tokens, 1) + per_request
+    # Within 2 % of the limit (R, T a minute), as the issue's acceptance asks.
+    rpm_ok = burst.admitted == rpm and abs(by_rpm.admitted - expected) <= 0.02 * rpm
+    tpm_ok = abs(tokens - expected_tokens) <= 0.02 * tpm + per_request
     return {
         "ok": failed == 0 and rpm_ok and tpm_ok and by_rpm.limited > 0 and by_tpm.limited > 0,
         "failed": failed,
