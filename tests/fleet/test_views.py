@@ -15,6 +15,7 @@ import pytest
 
 from gateway.cachestats.cost import NANO_USD, cost_nano_usd
 from gateway.config import parse_policy
+from gateway.tools.fleet import checks
 from gateway.tools.fleet.bed import ADMIN_KEY, FleetBed, admin
 from gateway.tools.fleet.load import chat_body, run_load
 from tests.helpers import ROOT
@@ -97,6 +98,8 @@ def test_every_gateway_reports_the_fleets_figures(bed: FleetBed) -> None:
 
 
 def test_admin_fleet_lists_every_live_gateway(bed: FleetBed) -> None:
+    figures = checks.fleet_view(bed)
+    assert figures["ok"], figures
     views = [admin(g.url, "/admin/fleet") for g in bed.gateways]
     for view in views:
         assert view["live"] == 3

@@ -17,13 +17,19 @@ from gateway.tools.fleet.load import LoadResult, chat_body, run_load
 RPM_SYSTEM = "You are terse."
 
 
-def fleet_view(bed: FleetBed) -> dict[str, Any]:
-    """``/admin/fleet`` from every gateway: live gateways and policy digests it lists."""
-    views = [admin(g.url, "/admin/fleet") for g in bed.gateways]
-    live = [v["live"] for v in views]
-    policies = [len(v["policies"]) for v in views]
-    ok = all(n == len(bed.gateways) for n in live) and all(p == 1 for p in policies)
-    return {"ok": ok, "live_seen_by_each": live, "policies_seen_by_each": policies}
+def fleet_view(bed: FleetBed, settle_s: float = 5.0) -> dict[str, Any]:
+    """``/admin/fleet`` from every gateway: the live gateways and policy digests each lists,
+    once all agree on every gateway and one policy (or as they stand after ``settle_s``)."""
+    started = time.monotonic()
+    while True:
+        views = [admin(g.url, "/admin/fleet") for g in bed.gateways]
+        live = [v["live"] for v in views]
+        policies = [len(v["policies"]) for v in views]
+        ok = all(n == len(bed.gateways) for n in live) and all(p == 1 for p in policies)
+        if ok or time.monotonic() - started > settle_s:
+            return {"ok": ok, "live_seen_by_each": live, "policies_seen_by_each": policies,
+                    "settled_s": round(time.monotonic() - started, 2)}  # fmt: skip
+        time.sleep(0.1)
 
 
 def policy_push(bed: FleetBed, comment: str = "fleet-test") -> dict[str, Any]:
