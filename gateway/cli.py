@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
+from redis.exceptions import RedisError
 
 from gateway.auth import cli as keys_cli
 from gateway.cache import cli as cache_cli
@@ -20,6 +21,7 @@ from gateway.config import PolicyError, Settings, load_policy
 from gateway.routing.learn import cli as routing_cli
 from gateway.store import check_url as check_redis_url
 from gateway.tools import batch, bench
+from gateway.tools.fleet import cli as fleet_cli
 
 
 def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -112,6 +114,14 @@ def _register_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     schema = psub.add_parser("schema", help="print (or write) the policy's JSON schema")
     schema.add_argument("--out", help="write to this file instead of stdout")
     schema.set_defaults(func=_cmd_policy_schema)
+    push = psub.add_parser(
+        "push",
+        help="validate a policy and push it to Redis for every gateway started with "
+        "SWITCHYARD_POLICY_FROM_REDIS=1 (each swaps to it within its reload interval)",
+    )
+    push.add_argument("file")
+    push.add_argument("--redis-url", help="the fleet's Redis (REDIS_URL), e.g. redis+cluster://redis-0:6379")
+    push.set_defaults(func=_cmd_policy_push)
 
 
 def _cmd_policy_check(args: argparse.Namespace) -> int:
@@ -124,6 +134,49 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
     print(
         f"{args.file}: ok ({len(policy.deployments)} deployments, tiers: {', '.join(policy.tiers) or 'none'})"
     )
+    return 0
+
+
+def _cmd_policy_push(args: argparse.Namespace) -> int:
+    import asyncio
+    import os
+
+    from gateway.store import connect
+    from gateway.store.policy import push_policy
+
+    try:
+        load_policy(args.file)
+    except PolicyError as exc:
+        _print_policy_error(exc)
+        print(f"{len(exc.issues)} error(s): nothing pushed", file=sys.stderr)
+        return 1
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        print("switchyard: policy push needs the fleet's Redis: --redis-url or REDIS_URL", file=sys.stderr)
+        return 2
+    try:
+        check_redis_url(url)
+    except ValueError as exc:
+        print(f"switchyard: bad settings: {exc}", file=sys.stderr)
+        return 2
+
+    text, source = Path(args.file).read_bytes(), os.path.abspath(args.file)
+
+    text, source = Path(args.file).read_bytes(), os.path.abspath(args.file)
+
+    async def push() -> str:
+        redis = connect(url)
+        try:
+            return await push_policy(redis, text, source)
+        finally:
+            await redis.aclose()
+
+    try:
+        digest = asyncio.run(push())
+    except (OSError, RedisError) as exc:
+        print(f"switchyard: could not push to Redis: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: pushed, digest {digest} (gateways following Redis report it in /readyz)")
     return 0
 
 
@@ -167,6 +220,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     bench.register,
     keys_cli.register,
     cache_cli.register,
+    fleet_cli.register,
 ]
 
 

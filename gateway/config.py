@@ -68,6 +68,10 @@ class Settings(BaseModel):
     """The longest a client may take to send a request's headers (the connection is closed)."""
     request_body_timeout_s: float = Field(30.0, gt=0)
     """The longest a client may take to send a request's body (408 past it)."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """How often this gateway writes its heartbeat to Redis (``/admin/fleet``)."""
+    policy_from_redis: bool = False
+    """Serve the policy last pushed to Redis (``switchyard policy push``) instead of the file."""
 
     def auth_mode(self) -> Literal["keys", "none"]:
         """``keys`` (a virtual key on every /v1 request) or ``none``. ``auto`` is ``none`` on a
@@ -240,6 +244,11 @@ def load_policy(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         return parse_policy(text, source, env)
 
 
+def policy_digest(raw: bytes) -> str:
+    """The digest ``/readyz`` shows for a policy file's bytes (the same on every gateway)."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
 class PolicyHolder:
     """Holds the current snapshot and reloads it when the file changes.
 
@@ -271,7 +280,7 @@ class PolicyHolder:
         return PolicySnapshot(
             policy=policy,
             source=self.path,
-            digest=hashlib.sha256(raw).hexdigest()[:16],
+            digest=policy_digest(raw),
             version=self._version,
         )
 
@@ -281,8 +290,25 @@ class PolicyHolder:
 
     def reload(self) -> bool:
         """Reload now; True when a new snapshot was swapped in."""
+        return self._swap(self._load)
+
+    def adopt(self, text: bytes, source: str) -> bool:
+        """Serve the policy ``text`` (pushed to Redis, say) instead of the file's: validated
+        as a file would be, with the same digest a file of these bytes gets, so every
+        gateway serving it reports one digest. True when it was swapped in."""
+
+        def load() -> PolicySnapshot:
+            policy = parse_policy(text.decode("utf-8", "replace"), source, self._env)
+            self._version += 1
+            return PolicySnapshot(
+                policy=policy, source=source, digest=policy_digest(text), version=self._version
+            )
+
+        return self._swap(load)
+
+    def _swap(self, load: Callable[[], PolicySnapshot]) -> bool:
         try:
-            snapshot = self._load()
+            snapshot = load()
         except PolicyError as exc:
             self.reload_error = exc
             _log.error("policy_reload_failed", source=exc.source, issues=[str(i) for i in exc.issues])

@@ -6,8 +6,10 @@ replica draws from the same buckets; the script runs atomically, reading Redis's
 clock, so two replicas never both take the last request. A request is admitted when its
 request bucket holds one request, its token bucket is not empty and the key's spend is
 under its budget; the tokens it used, and its cost, are charged when it ends (a stream:
-when its last event has gone out), so a long answer can take the token bucket below
-zero and the next request waits until it has refilled.
+when its last event has gone out), so a long answer can take the token bucket below zero
+and the next request waits until it has refilled. The charge of a key with a budget is
+written at once, not with the next stats batch, so a budget is overspent by no more than
+the requests in flight when it ran out (tests/fleet/test_limits.py).
 
 The three keys of a virtual key share a hash tag (``{<key id>}``), so the script runs
 on a Redis Cluster too. The check is bounded by the :class:`~gateway.store.gate.RedisGate`
@@ -18,6 +20,7 @@ Redis outage must not stop traffic, nor slow it down.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from gateway.telemetry.record import FinishedRequest
 
 _log = structlog.get_logger("switchyard.limits")
+_CHARGE_BOUND_S = 1.0
 
 # KEYS: request bucket, token bucket, spend counter.
 # ARGV: mode ("admit" | "charge"), rpm, tpm, budget (nano-USD), tokens, cost (nano-USD).
@@ -134,6 +138,9 @@ class Limiter:
         self.errors = 0
         self.refused: dict[str, int] = {"requests": 0, "tokens": 0, "budget": 0}
         self._last_warning = 0.0
+        self._charging: set[asyncio.Task[None]] = set()
+        self.charges_dropped = 0
+        """Budget charges Redis did not take (a dropped stats batch counts its own)."""
 
     async def admit(self, key: KeyRecord) -> Admission:
         """Take one request from the key's buckets, or raise :class:`RateLimitError`."""
@@ -191,16 +198,32 @@ class Limiter:
         self.charge(key, tokens, done.cost_nano_usd)
 
     def charge(self, key: KeyRecord, tokens: int, cost_nano_usd: int) -> None:
-        """Queue the tokens and cost a finished request used (written off the request path)."""
+        """Charge the tokens and cost a finished request used, off the request path: with the
+        next stats batch, or at once for a key with a budget."""
         if tokens <= 0 and cost_nano_usd <= 0:
             return
         keys = bucket_keys(key.key_id)
         args = ("charge", key.rpm, key.tpm, 0, max(0, tokens), max(0, cost_nano_usd))
+        if key.budget_usd > 0 and cost_nano_usd > 0:
+            # A budget is checked against the spend in Redis: charged with the next batch
+            # (every 0.1 s), every gateway would admit a batch's worth of requests past it.
+            task = asyncio.create_task(self._charge_now(keys, args))
+            self._charging.add(task)
+            task.add_done_callback(self._charging.discard)
+            return
 
         def op(pipe: Any) -> None:
             pipe.eval(LUA, len(keys), *keys, *args)
 
         self._writer.add(op)
+
+    async def _charge_now(self, keys: tuple[str, str, str], args: tuple[str | int, ...]) -> None:
+        try:
+            async with asyncio.timeout(_CHARGE_BOUND_S):
+                await self._script(keys=keys, args=args)
+        except REDIS_FAULTS:
+            # As a dropped stats batch: counted, never retried (a retry might charge twice).
+            self.charges_dropped += 1
 
     async def spend_usd(self, key_ids: list[str]) -> dict[str, float]:
         """Lifetime spend of each key."""

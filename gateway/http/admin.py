@@ -31,16 +31,19 @@ from gateway.http.state import (
     DASHBOARD,
     DISPATCHER,
     DRIFT,
+    FLEET,
     KEYS,
     LIMITER,
     POLICY,
     POOL,
+    REDIS,
     SETTINGS,
     SHADOW,
     SUPERVISOR,
 )
 from gateway.policy import Policy
 from gateway.replicas.status import replica_status
+from gateway.store.fleet import fleet_report
 from gateway.store.gate import REDIS_FAULTS
 from gateway.validation import parse_duration
 
@@ -132,6 +135,7 @@ async def admin_dashboard(request: web.Request) -> web.Response:
         body = await report(policy, since_s)
         body["live"] = live_deployments(config, list(policy.deployments))
         body["routing"] = config[DRIFT].summary()
+        body["fleet"] = await fleet_report(config[REDIS])
         return body
 
     return await _redis_report(request, with_live)
@@ -174,6 +178,20 @@ def _replica_figures(status: dict[str, Any] | None) -> dict[str, Any]:
         "kv_cache_usage": max(kv) if kv else None,
         "ttft_mean_ms": 1000 * sum(ttft) / len(ttft) if ttft else None,
     }
+
+
+async def admin_fleet(request: web.Request) -> web.Response:
+    """``GET /admin/fleet``: the gateways sharing this Redis, from their heartbeats (host,
+    address, version, policy digest, uptime, in flight, last error), ``self`` naming this one."""
+    config = request.config_dict
+    try:
+        async with asyncio.timeout(3.0):
+            body = await fleet_report(config[REDIS])
+    except REDIS_FAULTS as exc:
+        raise RedisUnavailableError(
+            f"the fleet is unavailable: Redis did not answer ({type(exc).__name__})", code="fleet_unavailable"
+        ) from None
+    return json_response({"self": config[FLEET].id, **body})
 
 
 async def admin_replicas(request: web.Request) -> web.Response:
@@ -244,6 +262,7 @@ def admin_app() -> web.Application:
     admin.router.add_get("/stats", admin_stats)
     admin.router.add_get("/dashboard", admin_dashboard)
     admin.router.add_get("/replicas", admin_replicas)
+    admin.router.add_get("/fleet", admin_fleet)
     admin.router.add_get("/dispatch", admin_dispatch)
     admin.router.add_get("/routing/drift", admin_routing_drift)
     admin.router.add_post("/keys", admin_create_key)

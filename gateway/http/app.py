@@ -36,6 +36,7 @@ from gateway.http.state import (
     DISPATCHER,
     DRAINING,
     DRIFT,
+    FLEET,
     IN_FLIGHT,
     KEYS,
     LIMITER,
@@ -62,7 +63,10 @@ from gateway.routing.drift import DriftMonitor
 from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState
 from gateway.store import connect
-from gateway.store.gate import RedisGate
+from gateway.store.fleet import FleetMember
+from gateway.store.gate import REDIS_FAULTS, RedisGate
+from gateway.store.policy import follow as follow_policy
+from gateway.store.policy import follow_once as follow_policy_once
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
@@ -132,9 +136,31 @@ async def _policy(app: web.Application) -> AsyncIterator[None]:
         pool.update(snapshot.policy)
         dispatcher.configure(snapshot.policy)
 
+    settings = app[SETTINGS]
+    if settings.policy_from_redis:
+        # The fleet's pushed policy, before the first request (none pushed: the file's).
+        with contextlib.suppress(*REDIS_FAULTS):
+            await follow_policy_once(app[REDIS], holder)
+        watch = follow_policy(app[REDIS], holder, settings.reload_interval_s)
+    else:
+        watch = holder.watch(settings.reload_interval_s)
     apply(holder.current)
     holder.on_change(apply)
-    async with _running(holder.watch(app[SETTINGS].reload_interval_s), "policy-watch"):
+    async with _running(watch, "policy-watch"):
+        yield
+
+
+async def _heartbeat(app: web.Application) -> AsyncIterator[None]:
+    settings, holder, in_flight = app[SETTINGS], app[POLICY], app[IN_FLIGHT]
+    member = app[FLEET] = FleetMember(
+        app[REDIS],
+        address=f"{settings.host}:{settings.port}",
+        policy=lambda: (holder.current.digest, holder.current.version),
+        in_flight=lambda: len(in_flight),
+        draining=app[DRAINING].is_set,
+        interval_s=settings.heartbeat_s,
+    )
+    async with _running(member.run(), "heartbeat"):
         yield
 
 
@@ -181,6 +207,7 @@ async def _stages(app: web.Application) -> AsyncIterator[None]:
             app[METRICS].record,
             limiter.record,
             app[DRIFT].record,
+            app[FLEET].record,
             tlog.log_request,
         ),
         shadow=app[SHADOW],
@@ -236,6 +263,7 @@ def create_app(
             _keys,
             _policy,
             _shared_state,
+            _heartbeat,
             _metrics_sync,
             _learning,
             _stages,

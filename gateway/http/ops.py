@@ -24,6 +24,7 @@ from gateway.http.responses import json_response
 from gateway.http.state import (
     DASHBOARD_HTML,
     DISPATCHER,
+    LIMITER,
     METRICS,
     POLICY,
     POOL,
@@ -137,6 +138,8 @@ def policy_status(holder: PolicyHolder) -> dict[str, Any]:
         "source": snap.source,
         "version": snap.version,
         "digest": snap.digest,
+        # Where it came from: the file, or the policy pushed to Redis for the whole fleet.
+        "origin": "redis" if snap.source.startswith("redis:") else "file",
         "loaded_at": snap.loaded_at,
         "reload_error": None if error is None else [str(i) for i in error.issues],
         "deployments": list(snap.policy.deployments),
@@ -172,13 +175,14 @@ async def readyz(request: web.Request) -> web.Response:
 def sync_metrics(app: web.Application) -> None:
     """Copy the counters other stages keep as integers into the Prometheus metrics."""
     dispatcher = app[DISPATCHER]
-    stats = app.get(STATS)
+    stats, limiter = app.get(STATS), app.get(LIMITER)
     app[METRICS].sync(
         dispatcher.counters,
         dispatcher.breakers.transitions,
         dispatcher.breakers.status(),
         stats.dropped if stats is not None else 0,
         tlog.dropped_lines(),
+        limiter.errors if limiter is not None else 0,
     )
 
 

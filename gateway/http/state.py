@@ -24,6 +24,7 @@ from gateway.replicas.status import LaunchSupervisor
 from gateway.routing.drift import DriftMonitor
 from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState
+from gateway.store.fleet import FleetMember
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
 from gateway.telemetry.metrics import Metrics
@@ -57,6 +58,7 @@ RESPONSE_CACHE = web.AppKey("response_cache", ResponseCache)
 STAGES = web.AppKey("stages", Stages)
 SHADOW = web.AppKey("shadow", ShadowSampler)
 DRIFT = web.AppKey("drift", DriftMonitor)
+FLEET = web.AppKey("fleet", FleetMember)
 AUTH_MODE = web.AppKey("auth_mode", str)
 SECRETS = web.AppKey("secrets", dict[int, tuple[str, ...]])
 DRAINING = web.AppKey("draining", asyncio.Event)

@@ -207,6 +207,12 @@ class Metrics:
             "Stats writes to Redis dropped because Redis was slow or down.",
             registry=r,
         )
+        self.rate_limit_fail_open = Counter(
+            "switchyard_rate_limit_fail_open",
+            "Requests of rate-limited keys admitted unchecked because Redis did not answer in time"
+            " (limits fail open: see docs/scaling.md).",
+            registry=r,
+        )
         self.log_lines_dropped = Counter(
             "switchyard_log_lines_dropped", "Log lines dropped because stdout could not keep up.", registry=r
         )
@@ -345,6 +351,7 @@ class Metrics:
         circuits: Mapping[str, Mapping[str, Any]],
         redis_dropped: int,
         log_lines_dropped: int,
+        rate_limit_fail_open: int = 0,
     ) -> None:
         """Add the requests recorded since the last call, and bring the counters other stages
         keep as integers up to date (cheap: a few dict reads and a write per child used)."""
@@ -365,6 +372,7 @@ class Metrics:
             self.circuit_state.labels(name).set(CIRCUIT_STATES.get(str(status.get("state")), 0))
         add("redis_dropped", self.redis_dropped, redis_dropped)
         add("log_dropped", self.log_lines_dropped, log_lines_dropped)
+        add("rate_limit_fail_open", self.rate_limit_fail_open, rate_limit_fail_open)
 
     def exposition(self) -> bytes:
         """The text format of every metric: this process's, or all workers' in multiprocess mode."""

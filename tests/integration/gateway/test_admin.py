@@ -19,6 +19,7 @@ ADMIN_GETS = (
     "/admin/stats?since=5m",
     "/admin/dashboard?since=5m",
     "/admin/replicas",
+    "/admin/fleet",
     "/admin/dispatch",
     "/admin/keys",
     "/admin/costs",

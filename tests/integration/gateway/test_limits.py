@@ -141,3 +141,34 @@ def test_buckets_refill_and_a_long_answer_takes_the_token_bucket_below_zero(redi
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_budgeted_keys_spend_is_in_redis_before_the_next_stats_batch(redis_url: str) -> None:
+    """Every gateway checks a budget against the spend in Redis: a charge left for the next
+    stats batch (0.1 s) let three gateways admit a batch's worth of requests past it."""
+    import asyncio
+
+    from gateway.auth.keys import KeyRecord
+    from gateway.auth.limits import Limiter
+    from gateway.errors import RateLimitError
+    from gateway.store import connect
+    from gateway.store.writer import StatsWriter
+
+    async def main() -> None:
+        client = connect(redis_url)
+        writer = StatsWriter(client)  # never flushed here: the charge must not wait for it
+        limiter = Limiter(client, writer)
+        key = KeyRecord(key_id=f"{time.time_ns() % 16**12:012x}", name="budget", budget_usd=0.001)
+        await limiter.admit(key)
+        limiter.charge(key, 0, 1_000_000)  # $0.001: the whole budget
+        for _ in range(100):
+            if (await limiter.spend_usd([key.key_id]))[key.key_id] > 0:
+                break
+            await asyncio.sleep(0.005)
+        with pytest.raises(RateLimitError) as refused:
+            await limiter.admit(key)
+        assert refused.value.code == "insufficient_quota"
+        assert limiter.charges_dropped == 0
+        await client.aclose()
+
+    asyncio.run(main())
