@@ -199,8 +199,14 @@ def _messages_request(body: Mapping[str, Any], structured_outputs: bool) -> dict
         # The edge does not check it, and the shared translation would fail on it.
         raise InvalidRequestError("'stop' must be a string or an array of strings.", param="stop")
     try:
+        # Converse's inferenceConfig takes temperature and topP together for every model family;
+        # a model that refuses the pair says so in its own 400, relayed to the client.
         return to_messages_request(
-            body, model="", default_max_tokens=1, structured_outputs=structured_outputs
+            body,
+            model="",
+            default_max_tokens=1,
+            structured_outputs=structured_outputs,
+            temperature_with_top_p=True,
         )
     except InvalidRequestError as exc:
         # The shared translation names its own provider; this client asked a Bedrock deployment.

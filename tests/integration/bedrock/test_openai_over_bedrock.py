@@ -253,11 +253,16 @@ def test_throttling_is_retried_after_a_backoff(client: openai.OpenAI, fake: Fake
     assert len(fake.requests) == 3
 
 
-def test_throttling_past_the_retries_is_a_429(client: openai.OpenAI, fake: FakeBedrock) -> None:
+def test_throttling_past_the_retries_is_a_429(
+    client: openai.OpenAI, fake: FakeBedrock, gateway: GatewayProcess
+) -> None:
     fake.fail_next("throttle", 3)
     with pytest.raises(openai.RateLimitError) as limited:
         client.chat.completions.create(model="claude-bedrock", messages=[{"role": "user", "content": "x"}])
-    assert "ThrottlingException" in limited.value.message
+    # The client gets the plain message; Bedrock's own exception is in the log line (#50 item 8).
+    assert "rate limited" in limited.value.message and "ThrottlingException" not in limited.value.message
+    line = gateway.wait_log(lambda e: e.get("status") == 429 and e.get("error_detail"))
+    assert "ThrottlingException" in line["error_detail"]
 
 
 def test_model_not_ready_is_a_retried_503(client: openai.OpenAI, fake: FakeBedrock) -> None:
@@ -268,13 +273,18 @@ def test_model_not_ready_is_a_retried_503(client: openai.OpenAI, fake: FakeBedro
     assert len(fake.requests) == 3
 
 
-def test_access_denied_is_the_gateways_fault(client: openai.OpenAI, fake: FakeBedrock) -> None:
+def test_access_denied_is_the_gateways_fault(
+    client: openai.OpenAI, fake: FakeBedrock, gateway: GatewayProcess
+) -> None:
     fake.fail_next("denied")
     with pytest.raises(openai.APIStatusError) as failed:
         client.chat.completions.create(model="claude-bedrock", messages=[{"role": "user", "content": "x"}])
     assert failed.value.status_code == 502
     assert failed.value.code == "upstream_auth_failed"
-    assert "AccessDeniedException" in failed.value.message and "bedrock:InvokeModel" in failed.value.message
+    assert "credentials" in failed.value.message and "AccessDeniedException" not in failed.value.message
+    # The operator's hint (which AWS permission) is in the log line, not in the client's message.
+    line = gateway.wait_log(lambda e: e.get("error_code") == "upstream_auth_failed" and e.get("error_detail"))
+    assert "AccessDeniedException" in line["error_detail"] and "bedrock:InvokeModel" in line["error_detail"]
 
 
 def test_stream_exception_before_the_first_event_is_retried(client: openai.OpenAI, fake: FakeBedrock) -> None:
@@ -292,7 +302,7 @@ def test_stream_throttled_past_the_retries_is_a_429(client: openai.OpenAI, fake:
         client.chat.completions.create(
             model="claude-bedrock", messages=[{"role": "user", "content": "x"}], stream=True
         )
-    assert "ThrottlingException: Too many tokens" in limited.value.message
+    assert "rate limited" in limited.value.message and "Too many tokens" not in limited.value.message
     assert len(fake.requests) == 3
 
 

@@ -208,14 +208,23 @@ def test_route_judge_labels_the_pairs_for_fit_and_eval(
     # The judge saw both answers, in the rubric's frame, and was asked for the grades' schema.
     judge_calls = [r for r in sim.stats()["recent"] if "response_format" in r["body_keys"]]
     assert len(judge_calls) == len(PROMPTS)
-    # What route judge wrote is what route eval and route fit read.
-    assert main(["route", "eval", str(out), "--policy", str(policy_file)]) == 0
-    assert "APGR" in capsys.readouterr().out
+    # What route judge wrote is what route eval and route fit read. The simulated judge's grades
+    # are arbitrary: where they give strong no gain, both commands read every row and refuse.
     weights = tmp_path / "w.json"
-    assert (
-        main(["route", "fit", str(out), "--classifier", "ngram", "--folds", "0", "--out", str(weights)]) == 0
-    )
-    assert weights.exists()
+    eval_args = ["route", "eval", str(out), "--policy", str(policy_file)]
+    fit_args = ["route", "fit", str(out), "--classifier", "ngram", "--folds", "0", "--out", str(weights)]
+    weak, strong = (sum(r[side] for r in rows) / len(rows) for side in ("weak", "strong"))
+    if strong > weak:
+        assert main(eval_args) == 0
+        assert "APGR" in capsys.readouterr().out
+        assert main(fit_args) == 0
+        assert weights.exists()
+    else:
+        for args in (eval_args, fit_args):
+            with pytest.raises(SystemExit) as info:
+                main(args)
+            assert f"strong {strong:.3f}, weak {weak:.3f}, over {len(rows)} rows" in str(info.value)
+        assert not weights.exists()
 
 
 def test_drift_from_the_calibrated_share_is_reported_and_warned_once(
