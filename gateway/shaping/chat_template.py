@@ -19,7 +19,32 @@ from pathlib import Path
 from typing import Any
 
 from gateway.shaping.policy import Placement
-from gateway.shaping.probe import _LATE, PROBES
+
+LATE_SYSTEM: dict[str, Any] = {"role": "system", "content": "The current date is 2026-12-07."}
+_USER: dict[str, Any] = {"role": "user", "content": "What is the capital of France?"}
+_ANSWER: dict[str, Any] = {"role": "assistant", "content": "Paris."}
+_NEXT: dict[str, Any] = {"role": "user", "content": "And of Italy?"}
+_CALL: dict[str, Any] = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "Italy"}'}}
+    ],
+}
+_RESULT: dict[str, Any] = {"role": "tool", "tool_call_id": "call_1", "content": "Rome"}
+_HEAD: dict[str, Any] = {"role": "system", "content": "You are a geography assistant."}
+
+# The conversations that test a placement (asked of vLLM's /tokenize, or rendered here with
+# the model's own template). Per placement, latest first, the conversations it produces:
+# (without, with) the late message. PLAIN: one any template renders.
+PLAIN: list[dict[str, Any]] = [_HEAD, _USER]
+_CHAT: list[dict[str, Any]] = [_HEAD, _USER, _ANSWER, _NEXT]
+_STEP: list[dict[str, Any]] = [_HEAD, _USER, _CALL, _RESULT]
+PROBES: list[tuple[Placement, list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]]] = [
+    ("after_last_turn", [(_CHAT, [*_CHAT, LATE_SYSTEM]), (_STEP, [*_STEP, LATE_SYSTEM])]),
+    ("after_last_tool", [(_STEP, [*_STEP, LATE_SYSTEM]), (_CHAT, [*_CHAT[:3], LATE_SYSTEM, _NEXT])]),
+    ("before_last_user", [(_CHAT, [*_CHAT[:3], LATE_SYSTEM, _NEXT])]),
+]
 
 
 def chat_template(model_dir: Path) -> str | None:
@@ -87,7 +112,7 @@ def render_placement(model_dir: Path) -> Placement | None:
         except Exception:  # a template raises what it likes (TemplateError, TypeError, ...)
             return None
 
-    late = str(_LATE["content"])
+    late = str(LATE_SYSTEM["content"])
     for placement, conversations in PROBES:
         if all(
             (plain := renders(without)) is not None

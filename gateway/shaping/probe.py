@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from gateway.replicas.policy import replica_urls
+from gateway.shaping.chat_template import PLAIN, PROBES, render_placement
 from gateway.shaping.policy import Placement
 
 if TYPE_CHECKING:
@@ -33,28 +34,6 @@ if TYPE_CHECKING:
 
 _PROBE_TIMEOUT_S = 10.0
 _RETRIES, _RETRY_S = 60, 10.0  # a deployment that does not answer yet: asked for 10 minutes
-_LATE: dict[str, Any] = {"role": "system", "content": "The current date is 2026-12-07."}
-_USER: dict[str, Any] = {"role": "user", "content": "What is the capital of France?"}
-_ANSWER: dict[str, Any] = {"role": "assistant", "content": "Paris."}
-_NEXT: dict[str, Any] = {"role": "user", "content": "And of Italy?"}
-_CALL: dict[str, Any] = {
-    "role": "assistant",
-    "content": "",
-    "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "Italy"}'}}
-    ],
-}
-_RESULT: dict[str, Any] = {"role": "tool", "tool_call_id": "call_1", "content": "Rome"}
-_HEAD: dict[str, Any] = {"role": "system", "content": "You are a geography assistant."}
-
-# Per placement, latest first, the conversations it produces: (without, with) the late message.
-_CHAT: list[dict[str, Any]] = [_HEAD, _USER, _ANSWER, _NEXT]
-_STEP: list[dict[str, Any]] = [_HEAD, _USER, _CALL, _RESULT]
-PROBES: list[tuple[Placement, list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]]] = [
-    ("after_last_turn", [(_CHAT, [*_CHAT, _LATE]), (_STEP, [*_STEP, _LATE])]),
-    ("after_last_tool", [(_STEP, [*_STEP, _LATE]), (_CHAT, [*_CHAT[:3], _LATE, _NEXT])]),
-    ("before_last_user", [(_CHAT, [*_CHAT[:3], _LATE, _NEXT])]),
-]
 
 
 def tokenize_url(base_url: str) -> str:
@@ -98,7 +77,7 @@ async def _probe_once(
     url = tokenize_url(base_url)
     sent = {"Content-Type": "application/json", **(headers or {})}
     try:
-        if await _count(session, url, model, [_HEAD, _USER], sent) is None:
+        if await _count(session, url, model, PLAIN, sent) is None:
             return None  # not even a plain conversation: no answer from this endpoint
         for placement, conversations in PROBES:
             for without, with_late in conversations:
@@ -150,7 +129,6 @@ class ProbedPlacements:
     def _read_template(self, key: tuple[str, str, str], spec: Deployment) -> None:
         """For a vLLM Switchyard launches from a model directory: what its chat template
         renders, known before vLLM answers (:mod:`gateway.shaping.chat_template`)."""
-        from gateway.shaping.chat_template import render_placement
 
         model = (spec.launch.model if spec.launch is not None else None) or spec.model
         if spec.launch is None or not model or not Path(model).is_dir():

@@ -257,7 +257,8 @@ def test_the_probed_placement_is_what_the_tiny_models_template_renders(
 
     import aiohttp
 
-    from gateway.shaping.probe import PROBES, probe_placement, tokenize_url
+    from gateway.shaping.chat_template import PROBES
+    from gateway.shaping.probe import probe_placement, tokenize_url
 
     wait_ready(gateway)
     base = f"http://127.0.0.1:{port}/v1"
