@@ -14,7 +14,7 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -195,6 +195,8 @@ class ReplicaSetUpstream(VllmProvider):
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._first_check: asyncio.Event | None = None
+        self.launch_error: Callable[[], str | None] | None = None
+        """Why this deployment's launch was refused for good, when this gateway runs it."""
         self._ensure_monitor()
 
     # -- watching the replicas ---------------------------------------------------------
@@ -281,6 +283,9 @@ class ReplicaSetUpstream(VllmProvider):
         return any(replica.healthy for replica in self.replicas)
 
     def _unavailable(self) -> UpstreamUnavailableError:
+        refused = self.launch_error() if self.launch_error is not None else None
+        if refused is not None:
+            return UpstreamUnavailableError(f"deployment '{self.name}' cannot start: {refused}")
         healthy = sum(r.healthy for r in self.replicas)
         errors = sorted({r.last_error for r in self.replicas if r.last_error})
         detail = f" ({'; '.join(errors)})" if errors else " (starting)"

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from gateway.procutil import free_port
 from tests.fixtures.fake_vllm_harness import FakeVllm
-from tests.helpers import GatewayProcess, free_ports, http_json
+from tests.helpers import GatewayProcess, free_ports, http_json, readyz
 
 
 def launch_policy(port: int, extra: str = "") -> str:
@@ -48,7 +49,7 @@ def alive(pid: int) -> bool:
 
 
 def replicas_state(gw: GatewayProcess) -> dict[str, Any]:
-    state: dict[str, Any] = http_json("GET", gw.url + "/readyz")["replicas"]["local-8b"]
+    state: dict[str, Any] = readyz(gw.url)["replicas"]["local-8b"]
     return state
 
 
@@ -143,3 +144,33 @@ def test_workers_share_one_set_of_launched_replicas(tmp_path: Path, make_gateway
     pids = [r["pid"] for r in fake.launches()]
     gw.stop(signal.SIGTERM)
     assert not any(alive(pid) for pid in pids)
+
+
+def test_a_launch_the_preflight_refuses_is_not_ready_and_says_why(tmp_path: Path, make_gateway: Any) -> None:
+    # Issue #50, item 12: the only deployment's launch can never start (its vLLM is not
+    # installed): /readyz is not ready, and a request's 503 carries the preflight's reason.
+    fake = FakeVllm(tmp_path)
+    gw = make_gateway(launch_policy(free_ports(2), "      executable: vllm-not-installed-here"), env=fake.env)
+
+    def refused() -> bool:
+        return "launch_error" in replicas_state(gw)
+
+    wait_for(refused)
+    with pytest.raises(urllib.error.HTTPError) as ready:
+        http_json("GET", gw.url + "/readyz")
+    assert ready.value.code == 503
+    body = json.loads(ready.value.read())
+    assert body["status"] == "not_ready"
+    assert any(
+        p.startswith("tier fast: no deployment has a healthy replica (local-8b: launch refused: cannot start")
+        and "not found on PATH" in p
+        for p in body["problems"]
+    ), body["problems"]
+    with (
+        openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client,
+        pytest.raises(openai.APIStatusError) as info,
+    ):
+        client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 503
+    assert "cannot start 'vllm-not-installed-here': not found on PATH" in info.value.message
+    assert fake.launches() == []
