@@ -25,6 +25,10 @@ class LaunchSupervisor(Protocol):
         """Why ``name``'s launch was refused for good (by the preflight), else ``None``."""
         ...
 
+    def replica_url(self, name: str, index: int) -> str | None:
+        """Where replica ``index`` of ``name`` serves now (a restart may have moved it)."""
+        ...
+
 
 def attach(pool: UpstreamPool, deployments: list[str], supervisor: LaunchSupervisor | None) -> None:
     """Let each replica-backed deployment of ``pool`` say why its launch was refused, when
@@ -38,6 +42,7 @@ def attach(pool: UpstreamPool, deployments: list[str], supervisor: LaunchSupervi
             continue
         if isinstance(upstream, ReplicaSetUpstream):
             upstream.launch_error = functools.partial(supervisor.launch_error, name)
+            upstream.replica_url = functools.partial(supervisor.replica_url, name)
 
 
 def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str, Any]]:

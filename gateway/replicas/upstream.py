@@ -197,6 +197,8 @@ class ReplicaSetUpstream(VllmProvider):
         self._first_check: asyncio.Event | None = None
         self.launch_error: Callable[[], str | None] | None = None
         """Why this deployment's launch was refused for good, when this gateway runs it."""
+        self.replica_url: Callable[[int], str | None] | None = None
+        """Where a launched replica serves now (a restart may move it to a fresh port)."""
         self._ensure_monitor()
 
     # -- watching the replicas ---------------------------------------------------------
@@ -226,6 +228,7 @@ class ReplicaSetUpstream(VllmProvider):
 
     async def _check(self, replica: ReplicaEndpoint) -> None:
         assert self._session is not None
+        await self._follow(replica)
         url = replica.base_url.removesuffix("/v1") + "/health"
         error: str | None = None
         try:
@@ -248,6 +251,17 @@ class ReplicaSetUpstream(VllmProvider):
         if replica.failures >= self.policy.unhealthy_after and replica.healthy:
             replica.healthy = False
             _log.warning("replica_unhealthy", deployment=self.name, url=replica.base_url, error=error)
+
+    async def _follow(self, replica: ReplicaEndpoint) -> None:
+        """Point ``replica`` at the port its supervisor restarted it on, if it moved."""
+        url = self.replica_url(replica.index) if self.replica_url is not None else None
+        if url is None or url == replica.base_url:
+            return
+        _log.warning("replica_moved", deployment=self.name, old_url=replica.base_url, url=url)
+        old = replica.client
+        replica.base_url, replica.client = url, http_transport(url, self.deployment)
+        replica.healthy, replica.failures = False, 0
+        await old.close()
 
     async def _metrics_loop(self) -> None:
         while True:

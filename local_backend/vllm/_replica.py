@@ -33,6 +33,7 @@ import structlog
 from gateway.procutil import child_preexec
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.launch_plan import ReplicaPlan
+from local_backend.vllm._leftovers import group_members, on_port, port_free
 
 _log = structlog.get_logger("switchyard.vllm")
 
@@ -142,8 +143,7 @@ class Replica:
                 healthy_for = time.monotonic() - self.ready_since if self.ready_since else 0.0
                 self.ready_since = None
                 await self._terminate(proc, graceful=reason == "stopping")
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+                await self._settle_exit(proc, pump, restarting=reason != "stopping")
                 self.last_exit_code = proc.returncode
                 self.pid = None
                 if reason == "stopping":
@@ -304,6 +304,45 @@ class Replica:
         self.last_error = f"exited with status {code}"
         _log.error("vllm_exited", replica=self.key, exit_code=code, last_lines=list(self.tail)[-10:])
         return "exited"
+
+    async def _settle_exit(
+        self, proc: asyncio.subprocess.Process, pump: asyncio.Task[None], restarting: bool
+    ) -> None:
+        """Wait up to ``exit_wait_s`` for the old group to be gone and its output to end; then
+        log what is left and, before a restart, move to a fresh port if the old one is held."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.launch.exit_wait_s
+        for _ in range(int(self.launch.exit_wait_s / 0.05)):  # polled: a group has no pidfd
+            if not _group_alive(proc.pid):
+                break
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pump), max(0.0, deadline - loop.time()))
+        left = group_members(proc.pid)
+        output_open = not pump.done()
+        port_held = restarting and not port_free(self.launch.host, self.plan.port)
+        if left or output_open or port_held:
+            # Something outlived the wait (a worker whose SIGKILL is pending, or a process that
+            # left the group holding the output pipe or the port): say so, and do not wait for it.
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            _log.warning(
+                "vllm_exit_wait_over",
+                replica=self.key,
+                pid=proc.pid,
+                waited_s=self.launch.exit_wait_s,
+                group_left=left,
+                output_open=output_open,
+                port=self.plan.port,
+                port_held=port_held,
+            )
+        if port_held:
+            old = self.plan.port
+            self.plan = on_port(self.plan, self.launch.host)
+            _log.warning(
+                "vllm_port_moved", replica=self.key, old_port=old, port=self.plan.port, url=self.plan.base_url
+            )
 
     async def _terminate(self, proc: asyncio.subprocess.Process, graceful: bool) -> None:
         if proc.returncode is None:

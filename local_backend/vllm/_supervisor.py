@@ -149,6 +149,12 @@ class SupervisorThread:
         into the supervisor's loop, so the request path may ask)."""
         return self.supervisor.refused.get(name)
 
+    def replica_url(self, name: str, index: int) -> str | None:
+        """Where replica ``index`` of ``name`` serves now (a restart may move it to a fresh
+        port); a plain read, like :meth:`launch_error`."""
+        replicas = self.supervisor.replicas.get(name, [])
+        return replicas[index].plan.base_url if index < len(replicas) else None
+
     def __enter__(self) -> SupervisorThread:
         self._thread.start(self.supervisor.start, self.supervisor.stop)
         return self

@@ -174,3 +174,29 @@ def test_a_launch_the_preflight_refuses_is_not_ready_and_says_why(tmp_path: Path
     assert info.value.status_code == 503
     assert "cannot start 'vllm-not-installed-here': not found on PATH" in info.value.message
     assert fake.launches() == []
+
+
+def test_the_gateway_follows_a_replica_restarted_on_a_fresh_port(tmp_path: Path, make_gateway: Any) -> None:
+    # Issue #50, item 11: the crashed replica leaves its port held; the supervisor restarts
+    # it on a fresh port, and the gateway's routing follows it there.
+    fake = FakeVllm(tmp_path)
+    port = free_ports(2)
+    fake.control(
+        {"ports": {str(port + 1): {"crash_after_s": 0.5, "crash_launches": 1, "leave_behind_s": 60}}}
+    )
+    gw = make_gateway(launch_policy(port, "      exit_wait_s: 1"), env=fake.env)
+    left_file = fake.record_path.with_suffix(f".left-{port + 1}")
+    try:
+        wait_for(lambda: len(fake.launches()) == 3, timeout_s=30)
+        moved_to = fake.launches()[2]["port"]
+        assert moved_to not in (port, port + 1)
+
+        def routed_there() -> bool:
+            replicas = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local-8b"]["replicas"]
+            return bool(replicas[1]["url"] == f"http://127.0.0.1:{moved_to}/v1" and replicas[1]["healthy"])
+
+        wait_for(routed_there, timeout_s=20)
+        assert replicas_state(gw)["healthy"] == 2
+    finally:
+        if left_file.exists():
+            os.kill(int(left_file.read_text()), signal.SIGKILL)

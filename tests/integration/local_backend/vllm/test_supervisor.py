@@ -4,6 +4,7 @@ real HTTP health checks, real signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -385,3 +386,44 @@ def test_local_serve_without_vllm_installed_exits_2_with_a_hint(tmp_path: Path) 
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "vLLM is not installed" in lines[0] and "pip install 'switchyard[local]'" in lines[0]
+
+
+def test_a_crash_that_leaves_the_port_held_restarts_on_a_fresh_port_without_waiting(
+    fake: FakeVllm, tmp_path: Path, logs: list[dict[str, Any]]
+) -> None:
+    # Issue #50, item 11: the crashed server leaves a process (outside its group, deaf to
+    # SIGTERM) holding the output pipe and the port for 60 s. The restart waits exit_wait_s,
+    # logs what is left, and starts on a fresh port.
+    config = launch(exit_wait_s=1.0)
+    fake.control({"crash_after_s": 0.5, "crash_launches": 1, "leave_behind_s": 60})
+    left_file = fake.record_path.with_suffix(f".left-{config.port}")
+
+    async def main() -> tuple[dict[str, Any], float]:
+        supervisor = Supervisor({"local": config}, fake.env)
+        await supervisor.start()
+        try:
+            replica = supervisor.replicas["local"][0]
+            await until(lambda: replica.restarts == 1, timeout_s=20)
+            crashed_at = time.monotonic()
+            await until(lambda: replica.state is ReplicaState.READY, timeout_s=20)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(replica.plan.health_url) as resp,
+            ):
+                assert resp.status == 200
+            return replica.status(), time.monotonic() - crashed_at
+        finally:
+            await supervisor.stop()
+            if left_file.exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(left_file.read_text()), signal.SIGKILL)
+
+    status, ready_after_s = run(main)
+    assert ready_after_s < 15  # not the 60 s the leftover holds on
+    ports = [r["port"] for r in fake.launches()]
+    assert ports[0] == config.port and ports[1] != config.port
+    assert status["url"] == f"http://127.0.0.1:{ports[1]}/v1"
+    over = events(logs, "vllm_exit_wait_over")[0]
+    assert over["port_held"] is True and over["output_open"] is True and over["waited_s"] == 1.0
+    moved = events(logs, "vllm_port_moved")[0]
+    assert (moved["old_port"], moved["port"]) == (config.port, ports[1])
