@@ -33,6 +33,7 @@ import structlog
 from gateway.procutil import child_preexec
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.launch_plan import ReplicaPlan
+from gateway.replicas.vllm_metrics import figures_from_text
 from local_backend.vllm._leftovers import group_members, on_port, port_free
 
 _log = structlog.get_logger("switchyard.vllm")
@@ -82,6 +83,7 @@ class Replica:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
+        self._generated: float | None = None  # vLLM's generation tokens at the last failed check
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -238,6 +240,18 @@ class Replica:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
+    async def _generating(self, session: aiohttp.ClientSession) -> bool:
+        """Whether vLLM's generation-token counter (``/metrics``, served without asking the
+        engine) grew since the last failed health check: progress counts as health."""
+        try:
+            async with session.get(self.plan.metrics_url) as resp:
+                text = await resp.text(errors="replace") if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+        tokens = figures_from_text(text).generation_tokens
+        before, self._generated = self._generated, tokens
+        return tokens is not None and before is not None and tokens > before
+
     async def _wait(self, exited: asyncio.Task[int], timeout_s: float) -> bool:
         """Sleep up to ``timeout_s``; True when the process exited or a stop was asked."""
         stop = asyncio.ensure_future(self._stop.wait())
@@ -286,6 +300,11 @@ class Replica:
                         _log.info("vllm_recovered", replica=self.key, failed_checks=failures)
                     failures = 0
                     self._set(ReplicaState.READY)
+                    continue
+                if await self._generating(session):
+                    # Slow because busy, not down: its streams still produce tokens.
+                    _log.info("vllm_health_slow_but_generating", replica=self.key, tokens=self._generated)
+                    failures = 0
                     continue
                 failures += 1
                 self._set(ReplicaState.UNHEALTHY)

@@ -427,3 +427,38 @@ def test_a_crash_that_leaves_the_port_held_restarts_on_a_fresh_port_without_wait
     assert over["port_held"] is True and over["output_open"] is True and over["waited_s"] == 1.0
     moved = events(logs, "vllm_port_moved")[0]
     assert (moved["old_port"], moved["port"]) == (config.port, ports[1])
+
+
+def test_a_replica_whose_streams_still_produce_tokens_is_not_restarted_for_slow_health(
+    fake: FakeVllm, logs: list[dict[str, Any]]
+) -> None:
+    # Issue #50, item 13: while it streams, the replica's /health answers after 3 s (the
+    # checks time out after 0.4 s), but its generation-token counter keeps growing: slow
+    # because busy, not down. The streams finish whole and nothing restarts.
+    fake.control({"slow_health_while_busy_s": 3, "output_tokens": [240, 240], "itl_ms": 20})
+    config = launch(health_failures_to_restart=2)
+
+    async def main() -> tuple[list[int], dict[str, Any]]:
+        supervisor = Supervisor({"local": config}, fake.env)
+        await supervisor.start()
+        try:
+            assert await supervisor.wait_ready(30)
+            replica = supervisor.replicas["local"][0]
+
+            def stream() -> int:
+                with openai.OpenAI(base_url=replica.plan.base_url, api_key="x", max_retries=0) as client:
+                    events = client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "a long answer"}], stream=True
+                    )
+                    return sum(1 for event in events if event.choices and event.choices[0].delta.content)
+
+            chunks = await asyncio.gather(*(asyncio.to_thread(stream) for _ in range(3)))
+            return list(chunks), replica.status()
+        finally:
+            await supervisor.stop()
+
+    chunks, status = run(main)
+    assert all(n > 0 for n in chunks) and len(set(chunks)) == 1  # all whole, none cut
+    assert status["restarts"] == 0 and not events(logs, "vllm_restarting")
+    assert events(logs, "vllm_health_failed")  # the checks did fail ...
+    assert events(logs, "vllm_health_slow_but_generating")  # ... and progress counted as health
