@@ -115,6 +115,7 @@ class Dispatcher:
         dispatch = policy.dispatch
         self.breakers.configure(dispatch.circuit)
         self.breakers.watch(list(policy.deployments))
+        self.breakers.set_tiers([[m.deployment for m in members] for members in policy.tiers.values()])
         budget = dispatch.retries.budget
         self._retry_budget_args = (budget.ratio, budget.min_per_s, budget.window_s)
         for retry_budget in self.retry_budgets.values():
