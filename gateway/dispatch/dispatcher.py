@@ -215,6 +215,10 @@ class Dispatcher:
         retries = policy.dispatch.retries
         run = _Run(self._candidates(policy, route))
         self.hedge_budget.note_request()
+        for candidate in run.candidates:
+            # A request counts for every deployment it may go to: the one that takes over
+            # when another fails has the share of all of them to spend.
+            self._retry_budget(candidate.name).note_request()
         last: SwitchyardError | None = None
         extra = 0
         retrying = False
@@ -247,8 +251,6 @@ class Dispatcher:
                 extra += 1
                 ctx.retries += 1
                 self.counters["retries"] += 1
-            if candidate.name not in run.tries:
-                self._retry_budget(candidate.name).note_request()
             if wait_s > 0:
                 await self.clock.sleep(wait_s)
             try:
