@@ -57,6 +57,8 @@ class ReplicaEndpoint:
 
     __slots__ = (
         "base_url",
+        "chunks",
+        "chunks_at_check",
         "client",
         "failures",
         "figures",
@@ -78,6 +80,8 @@ class ReplicaEndpoint:
         self.client = client
         self.healthy = False
         self.failures = 0
+        self.chunks = 0  # answer chunks relayed from this replica (its streams' progress)
+        self.chunks_at_check = 0
         self.in_flight = 0
         self.routed = 0
         self.home = 0
@@ -150,7 +154,13 @@ class _CountedResponse(TransportResponse):
         return await self._inner.read()
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
-        return self._inner.iter_chunks()
+        return self._counted(self._inner.iter_chunks())
+
+    async def _counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        replica = self._replica
+        async for chunk in chunks:
+            replica.chunks += 1
+            yield chunk
 
     def complete(self) -> bool:
         return self._inner.complete()
@@ -241,10 +251,17 @@ class ReplicaSetUpstream(VllmProvider):
             replica.failures = self.policy.unhealthy_after  # nothing listens: out at once
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"/health failed: {type(exc).__name__}"
+        progressed = replica.chunks > replica.chunks_at_check
+        replica.chunks_at_check = replica.chunks
         if error is None:
             if not replica.healthy:
                 _log.info("replica_healthy", deployment=self.name, url=replica.base_url)
             replica.healthy, replica.failures, replica.last_error = True, 0, None
+            return
+        if progressed and replica.failures < self.policy.unhealthy_after:
+            # Its streams still produce tokens: slow because busy, not down (a refused
+            # connection has already counted as unhealthy_after failures above).
+            _log.info("replica_health_slow_but_streaming", deployment=self.name, url=replica.base_url)
             return
         replica.last_error = error
         replica.failures += 1
