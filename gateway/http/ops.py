@@ -158,7 +158,11 @@ async def readyz(request: web.Request) -> web.Response:
     if not app[READINESS].redis_reached:
         problems.insert(0, _redis_problem(app[SETTINGS].redis_url or ""))
     replicas = readiness(app[POOL], list(policy.deployments))
-    problems += replica_problems({t: [m.deployment for m in ms] for t, ms in policy.tiers.items()}, replicas)
+    # A policy without tiers (requests name deployments): its deployments as one group.
+    groups = {t: [m.deployment for m in ms] for t, ms in policy.tiers.items()} or {
+        "": list(policy.deployments)
+    }
+    problems += replica_problems(groups, replicas)
     body = {
         "status": "not_ready" if problems else "ready",
         "problems": problems,

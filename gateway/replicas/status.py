@@ -64,7 +64,8 @@ def readiness(pool: UpstreamPool, deployments: list[str]) -> dict[str, dict[str,
 
 def replica_problems(tiers: dict[str, list[str]], replicas: dict[str, dict[str, Any]]) -> list[str]:
     """For ``/readyz``: the tiers none of whose deployments can answer because each is
-    replica-backed with no healthy replica (still loading, crashed, or refused for good)."""
+    replica-backed with no healthy replica (still loading, crashed, or refused for good).
+    A tier named ``""`` stands for a policy's deployments when it has no tiers."""
     problems = []
     for tier, names in tiers.items():
         if not names or not all(name in replicas and not replicas[name]["ready"] for name in names):
@@ -78,7 +79,8 @@ def replica_problems(tiers: dict[str, list[str]], replicas: dict[str, dict[str, 
                 if why
                 else f"{name}: {state['healthy']} of {state['replicas']} replicas answer /health"
             )
-        problems.append(f"tier {tier}: no deployment has a healthy replica ({'; '.join(parts)})")
+        where = f"tier {tier}" if tier else "every deployment"
+        problems.append(f"{where}: no deployment has a healthy replica ({'; '.join(parts)})")
     return problems
 
 
