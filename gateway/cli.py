@@ -18,6 +18,7 @@ from gateway.auth import cli as keys_cli
 from gateway.cache import cli as cache_cli
 from gateway.cachestats import cli as stats_cli
 from gateway.config import PolicyError, Settings, load_policy
+from gateway.policy import Policy
 from gateway.routing.learn import cli as routing_cli
 from gateway.store import check_url as check_redis_url
 from gateway.tools import batch, bench
@@ -131,6 +132,8 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
         _print_policy_error(exc)
         print(f"{len(exc.issues)} error(s)", file=sys.stderr)
         return 1
+    if not _launches_pass(args.file, policy):
+        return 1
     print(
         f"{args.file}: ok ({len(policy.deployments)} deployments, tiers: {', '.join(policy.tiers) or 'none'})"
     )
@@ -162,8 +165,6 @@ def _cmd_policy_push(args: argparse.Namespace) -> int:
 
     text, source = Path(args.file).read_bytes(), os.path.abspath(args.file)
 
-    text, source = Path(args.file).read_bytes(), os.path.abspath(args.file)
-
     async def push() -> str:
         redis = connect(url)
         try:
@@ -178,6 +179,27 @@ def _cmd_policy_push(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.file}: pushed, digest {digest} (gateways following Redis report it in /readyz)")
     return 0
+
+
+def _launches_pass(source: str, policy: Policy) -> bool:
+    """Run the preflight of every ``launch:`` (as ``serve`` does before starting vLLM) where
+    vLLM is installed; say which launches could not be checked. False: one was refused."""
+    launches = {name: d.launch for name, d in policy.deployments.items() if d.launch is not None}
+    if not launches:
+        return True
+    import asyncio
+    import os
+
+    from local_backend.vllm._preflight import check_launches
+
+    found = asyncio.run(check_launches(launches, os.environ))
+    for name, why in sorted(found.unchecked.items()):
+        print(f"{source}: deployments.{name}.launch: not checked against vLLM: {why}", file=sys.stderr)
+    for name, why in sorted(found.refused.items()):
+        print(f"{source}: deployments.{name}.launch: {why}", file=sys.stderr)
+    if found.refused:
+        print(f"{len(found.refused)} error(s)", file=sys.stderr)
+    return not found.refused
 
 
 def policy_schema_json() -> bytes:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,16 @@ def http_json(method: str, url: str, body: Any = None, headers: dict[str, str] |
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
+
+
+def readyz(base_url: str) -> Any:
+    """The gateway's ``/readyz`` body, whether it answered 200 (ready) or 503 (not yet)."""
+    try:
+        return http_json("GET", base_url + "/readyz")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 503:
+            raise
+        return json.loads(exc.read() or b"null")
 
 
 class SimServer:

@@ -4,12 +4,18 @@ The request path only reads and updates in-process state (no Redis round trip). 
 circuit opens, the gateway publishes ``sy:circuit:<deployment>`` in Redis with the time it
 may be probed again (expiring with the cooldown); every replica polls those keys once a
 second and opens its own circuit for a deployment another replica found broken.
+
+Timeouts alone are judged as outlier ejection is (Envoy's): a deployment whose every recent
+failure is one of the gateway's own timeouts opens only when it fails clearly more often
+than its tier peers, and never when that would leave too few of a tier closed (see
+:class:`~gateway.dispatch.policy.CircuitPolicy`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,6 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.dispatch.clock import SYSTEM_CLOCK, Clock
+from gateway.dispatch.failures import TIMEOUTS
 from gateway.dispatch.policy import CircuitPolicy
 
 _log = structlog.get_logger("switchyard.circuit")
@@ -38,20 +45,29 @@ class Breaker:
     opened_until: float = 0.0  # monotonic time from which a probe is allowed
     opened_at: float = float("-inf")
     probes_in_flight: int = 0
-    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)
-    """(clock time, ok) of the attempts in the policy's window, oldest first."""
+    outcomes: deque[tuple[float, bool, bool]] = field(default_factory=deque)
+    """(clock time, ok, a timeout of ours) of the attempts in the policy's window, oldest first."""
     failures: int = 0  # of ``outcomes``: kept as they come and go, never counted over the window
+    timeouts: int = 0  # of ``failures``, those that were the gateway's own timeouts
     opened_by: str = ""  # "local" or "shared"
     last_success_at: float = float("-inf")  # when the latest successful attempt ended
     last_failure: str = ""  # the reason of the latest failure (shown by /readyz)
 
 
-def _expire(breaker: Breaker, before: float) -> deque[tuple[float, bool]]:
+def _expire(breaker: Breaker, before: float) -> deque[tuple[float, bool, bool]]:
     """Drop ``breaker``'s outcomes from before ``before`` (the window's start); the rest."""
     outcomes = breaker.outcomes
     while outcomes and outcomes[0][0] < before:
-        breaker.failures -= not outcomes.popleft()[1]
+        _, ok, timeout = outcomes.popleft()
+        breaker.failures -= not ok
+        breaker.timeouts -= timeout
     return outcomes
+
+
+def tier_open_cap(size: int, share: float) -> int:
+    """How many of a tier of ``size`` deployments may be open at once for timeouts alone:
+    ``share`` of it (at least one), never all of it."""
+    return min(size - 1, max(1, math.floor(share * size)))
 
 
 class Breakers:
@@ -65,6 +81,11 @@ class Breakers:
         """(deployment, new state) -> count, for metrics."""
         self._to_publish: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._tiers: list[list[str]] = []
+
+    def set_tiers(self, tiers: list[list[str]]) -> None:
+        """The deployments of each tier: a deployment's peers, for judging timeouts."""
+        self._tiers = [list(members) for members in tiers]
 
     def configure(self, policy: CircuitPolicy) -> None:
         """Apply a (re)loaded policy's ``dispatch.circuit``."""
@@ -125,8 +146,10 @@ class Breakers:
         policy = self.policy
         breaker = self._get(name)
         now = self._clock.now()
-        breaker.outcomes.append((now, ok))
+        timeout = not ok and reason in TIMEOUTS
+        breaker.outcomes.append((now, ok, timeout))
         breaker.failures += not ok
+        breaker.timeouts += timeout
         outcomes = _expire(breaker, now - policy.window_s)
         if ok:
             breaker.last_success_at = now
@@ -155,7 +178,33 @@ class Breakers:
         if breaker.consecutive_failures >= policy.consecutive_failures or (
             len(outcomes) >= policy.min_requests and breaker.failures / len(outcomes) >= policy.failure_rate
         ):
+            if timeout and breaker.timeouts == breaker.failures and not self._outlier(breaker, now):
+                return  # slow like its peers (a busy machine), or its tier would be left without one
             self._open(breaker, now, "local")
+
+    def _outlier(self, breaker: Breaker, now: float) -> bool:
+        """Whether ``breaker``, failing by timeouts alone, may open: it fails ``outlier_margin``
+        more often than the other closed deployments of its tiers (pooled over the window), and
+        each of its tiers keeps enough deployments closed (:func:`tier_open_cap`)."""
+        policy = self.policy
+        tiers = [members for members in self._tiers if breaker.name in members]
+        peers = {name for members in tiers for name in members if name != breaker.name}
+        attempts = failures = 0
+        for name in peers:
+            peer = self._get(name)
+            if peer.state != "closed":
+                continue  # compared with the peers that serve, as outlier detection does
+            attempts += len(_expire(peer, now - policy.window_s))
+            failures += peer.failures
+        peer_rate = failures / attempts if attempts else 0.0
+        own_rate = breaker.failures / len(breaker.outcomes)
+        if own_rate - peer_rate < policy.outlier_margin:
+            return False
+        for members in tiers:
+            already = sum(self._get(name).state != "closed" for name in members if name != breaker.name)
+            if already + 1 > tier_open_cap(len(members), policy.max_open_share):
+                return False
+        return True
 
     def abandon(self, name: str) -> None:
         """An attempt let through by :meth:`available` ended with no verdict (cancelled)."""

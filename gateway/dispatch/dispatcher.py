@@ -2,9 +2,11 @@
 
 The candidates are the route's deployments in order, then those of the tier's fallback
 tiers. An attempt that fails before any byte went to the client is retried, if its
-reason is in ``retries.retry_on``, the retry budget allows it and attempts are left:
-on the next candidate not yet tried, else on one already tried after an exponential
-backoff with full jitter (or its Retry-After, up to a cap). A deployment whose circuit
+reason is in ``retries.retry_on``, attempts are left and the retry budget of the
+deployment the retry goes to allows it: on the next candidate not yet tried, else on one
+already tried after an exponential backoff with full jitter (or its Retry-After, up to a
+cap). Budgets are per deployment (as Envoy's are per cluster), so retries that piled up
+on a failing deployment never refuse a fallback to a healthy one. A deployment whose circuit
 is open, or that is not ready, is skipped. With hedging on, a slow attempt gets a
 parallel twin on the next candidate; the first to deliver wins and the other is cancelled.
 
@@ -94,7 +96,9 @@ class Dispatcher:
         self.pool = pool
         self.clock = clock
         self.breakers = Breakers(clock)
-        self.retry_budget = Budget(0.2, 1.0, 10.0, clock)
+        self.retry_budgets: dict[str, Budget] = {}
+        """Deployment -> the budget of the retries sent to it."""
+        self._retry_budget_args = (0.2, 1.0, 10.0)
         self.hedge_budget = Budget(0.2, 1.0, 10.0, clock)
         self._latency: dict[tuple[str, bool], LatencyWindow] = {}
         self.counters: dict[str, int] = {
@@ -111,8 +115,11 @@ class Dispatcher:
         dispatch = policy.dispatch
         self.breakers.configure(dispatch.circuit)
         self.breakers.watch(list(policy.deployments))
+        self.breakers.set_tiers([[m.deployment for m in members] for members in policy.tiers.values()])
         budget = dispatch.retries.budget
-        self.retry_budget.configure(budget.ratio, budget.min_per_s, budget.window_s)
+        self._retry_budget_args = (budget.ratio, budget.min_per_s, budget.window_s)
+        for retry_budget in self.retry_budgets.values():
+            retry_budget.configure(*self._retry_budget_args)
         self.hedge_budget.configure(
             dispatch.hedge.budget_ratio, dispatch.hedge.budget_min_per_s, budget.window_s
         )
@@ -131,7 +138,13 @@ class Dispatcher:
         return {
             "circuits": self.breakers.status(),
             "counters": dict(self.counters),
-            "retry_budget": {"spent": self.retry_budget.spent, "refused": self.retry_budget.refused},
+            "retry_budget": {
+                "spent": sum(b.spent for b in self.retry_budgets.values()),
+                "refused": sum(b.refused for b in self.retry_budgets.values()),
+                "deployments": {
+                    name: {"spent": b.spent, "refused": b.refused} for name, b in self.retry_budgets.items()
+                },
+            },
             "hedge_budget": {"spent": self.hedge_budget.spent, "refused": self.hedge_budget.refused},
         }
 
@@ -179,6 +192,13 @@ class Dispatcher:
         tracing.first_token(ctx)
         return opened
 
+    def _retry_budget(self, name: str) -> Budget:
+        budget = self.retry_budgets.get(name)
+        if budget is None:
+            ratio, min_per_s, window_s = self._retry_budget_args
+            budget = self.retry_budgets[name] = Budget(ratio, min_per_s, window_s, self.clock)
+        return budget
+
     def _candidates(self, policy: Policy, route: Route) -> list[_Candidate]:
         out = [_Candidate(name, route.tier, False) for name in route.deployments]
         seen = set(route.deployments)
@@ -194,10 +214,14 @@ class Dispatcher:
         policy = ctx.snapshot.policy
         retries = policy.dispatch.retries
         run = _Run(self._candidates(policy, route))
-        self.retry_budget.note_request()
         self.hedge_budget.note_request()
+        for candidate in run.candidates:
+            # A request counts for every deployment it may go to: the one that takes over
+            # when another fails has the share of all of them to spend.
+            self._retry_budget(candidate.name).note_request()
         last: SwitchyardError | None = None
         extra = 0
+        retrying = False
         while True:
             picked = self._pick(run, retries.backoff.base_s, retries.backoff.max_s)
             if picked is None and last is None:
@@ -216,6 +240,17 @@ class Dispatcher:
                     if last is not None:
                         raise last
                     raise failure("total_timeout", f"the request did not finish within total_s={run.total_s}")
+            if retrying:
+                # Charged to the deployment the retry goes to: a fallback to a healthy one is
+                # not refused by the retries the failing one used up.
+                if not self._retry_budget(candidate.name).try_spend():
+                    self.counters["retries_refused_by_budget"] += 1
+                    self.breakers.abandon(candidate.name)
+                    assert last is not None
+                    raise last
+                extra += 1
+                ctx.retries += 1
+                self.counters["retries"] += 1
             if wait_s > 0:
                 await self.clock.sleep(wait_s)
             try:
@@ -231,12 +266,7 @@ class Dispatcher:
                     run.cooling_until[candidate.name] = (
                         math.inf if wait > retries.retry_after_cap_s else self.clock.now() + wait
                     )
-                if not self.retry_budget.try_spend():
-                    self.counters["retries_refused_by_budget"] += 1
-                    raise
-                extra += 1
-                ctx.retries += 1
-                self.counters["retries"] += 1
+                retrying = True
 
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
         """The next candidate and how long to wait first: an untried one at once (a ready one

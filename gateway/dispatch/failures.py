@@ -169,6 +169,12 @@ _NO_DEPLOYMENT = "No deployment can take the request now; retry shortly."
 FAILURES: Mapping[str, Failure] = {row.reason: row for row in _ROWS}
 """Reason name -> row."""
 
+TIMEOUTS: frozenset[str] = frozenset(
+    row.reason for row in _ROWS if row.error is _Timeout and row.reason.endswith("_timeout")
+)
+"""The gateway's own timers: a deployment that trips them may be slow because busy rather
+than down, so the circuit judges them against its peers (an upstream's 504 is not here)."""
+
 RETRYABLE: tuple[str, ...] = tuple(row.reason for row in _ROWS if row.falls_back)
 """The reasons ``retries.retry_on`` may list, in table order."""
 

@@ -80,7 +80,14 @@ class CircuitPolicy(StrictModel):
     at least ``min_requests`` attempts in ``window_s`` failed at ``failure_rate`` or more. After
     ``cooldown_s`` it lets ``half_open_probes`` attempts through: a success closes it, a failure
     opens it again. With ``shared``, an opened circuit is published in Redis so every replica
-    of the gateway skips the deployment too."""
+    of the gateway skips the deployment too.
+
+    Timeouts are judged relative to the deployment's peers (outlier ejection, as Envoy's):
+    while every failure in the window is one of the gateway's own timeouts, the circuit opens
+    only when the deployment fails clearly more often than the other deployments of its tiers
+    (``outlier_margin``), and only while at most ``max_open_share`` of each of its tiers (never
+    all of it) is open for timeouts: a machine busy enough to slow every deployment is not
+    taken for one that is down."""
 
     enabled: bool = True
     consecutive_failures: int = Field(5, ge=1)
@@ -90,6 +97,20 @@ class CircuitPolicy(StrictModel):
     cooldown_s: Seconds = Field(15.0, gt=0)
     half_open_probes: int = Field(1, ge=1)
     shared: bool = True
+    outlier_margin: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="When every failure in the window is a timeout of the gateway's own, the circuit "
+        "opens only if the deployment's failure rate exceeds its tier peers' by this much.",
+    )
+    max_open_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="On timeouts alone, at most this share of a tier's deployments is open at once "
+        "(and never all of them); other failures are not capped.",
+    )
 
 
 class HedgePolicy(StrictModel):

@@ -59,6 +59,7 @@ from gateway.http.state import (
 from gateway.pipeline import Stages
 from gateway.providers.pool import UpstreamPool
 from gateway.replicas.status import LaunchSupervisor
+from gateway.replicas.status import attach as attach_launches
 from gateway.routing.drift import DriftMonitor
 from gateway.routing.shadow import ShadowSampler
 from gateway.shaping.service import ShapingState
@@ -134,6 +135,7 @@ async def _policy(app: web.Application) -> AsyncIterator[None]:
 
     def apply(snapshot: PolicySnapshot) -> None:
         pool.update(snapshot.policy)
+        attach_launches(pool, list(snapshot.policy.deployments), app[SUPERVISOR])
         dispatcher.configure(snapshot.policy)
 
     settings = app[SETTINGS]

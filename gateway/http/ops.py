@@ -4,8 +4,9 @@ and the set-up check a gateway runs once it starts.
 Ready means the gateway can answer: a policy is loaded, Redis has answered at least once
 since the start (a Redis that never answered is a wrong ``REDIS_URL``; one that goes away
 later only costs stats, so it does not make the gateway unready), and every tier has a
-deployment whose API key is set. A deployment whose ``api_key_env`` is unset is listed
-under ``missing_keys`` either way.
+deployment whose API key is set and, where it is replica-backed, a healthy replica (a
+launch the preflight refused never gets one: its reason is shown). A deployment whose
+``api_key_env`` is unset is listed under ``missing_keys`` either way.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from gateway.http.state import (
     STATS,
 )
 from gateway.policy import Policy
-from gateway.replicas.status import readiness
+from gateway.replicas.status import readiness, replica_problems
 from gateway.store import display_url
 from gateway.telemetry import logging as tlog
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -159,13 +160,19 @@ async def readyz(request: web.Request) -> web.Response:
     problems = _key_problems(policy, missing)
     if not app[READINESS].redis_reached:
         problems.insert(0, _redis_problem(app[SETTINGS].redis_url or ""))
+    replicas = readiness(app[POOL], list(policy.deployments))
+    # A policy without tiers (requests name deployments): its deployments as one group.
+    groups = {t: [m.deployment for m in ms] for t, ms in policy.tiers.items()} or {
+        "": list(policy.deployments)
+    }
+    problems += replica_problems(groups, replicas)
     body = {
         "status": "not_ready" if problems else "ready",
         "problems": problems,
         "policy": policy_status(holder),
         "redis": redis_ok,
         "missing_keys": {m.deployment: m.env for m in missing},
-        "replicas": readiness(app[POOL], list(policy.deployments)),
+        "replicas": replicas,
         # Each deployment's circuit and its latest failure (a revoked key shows as "401").
         "circuits": app[DISPATCHER].breakers.status(),
     }

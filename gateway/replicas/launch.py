@@ -242,6 +242,12 @@ class VllmLaunch(StrictModel):
         3, ge=1, description="Consecutive failed health checks after which a replica is restarted."
     )
     drain_timeout_s: Seconds = Field(30.0, ge=0, description="SIGTERM -> SIGKILL grace on stop.")
+    exit_wait_s: Seconds = Field(
+        10.0,
+        ge=0,
+        description="After a replica's process ended, the longest wait for the rest of its group "
+        "and its output before a restart (what is left is logged; a port still held: a fresh one).",
+    )
     restart_backoff_s: Seconds = Field(
         1.0, gt=0, description="First wait before a restart; doubles each time."
     )

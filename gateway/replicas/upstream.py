@@ -14,7 +14,7 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -57,6 +57,8 @@ class ReplicaEndpoint:
 
     __slots__ = (
         "base_url",
+        "chunks",
+        "chunks_at_check",
         "client",
         "failures",
         "figures",
@@ -78,6 +80,8 @@ class ReplicaEndpoint:
         self.client = client
         self.healthy = False
         self.failures = 0
+        self.chunks = 0  # answer chunks relayed from this replica (its streams' progress)
+        self.chunks_at_check = 0
         self.in_flight = 0
         self.routed = 0
         self.home = 0
@@ -150,7 +154,13 @@ class _CountedResponse(TransportResponse):
         return await self._inner.read()
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
-        return self._inner.iter_chunks()
+        return self._counted(self._inner.iter_chunks())
+
+    async def _counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        replica = self._replica
+        async for chunk in chunks:
+            replica.chunks += 1
+            yield chunk
 
     def complete(self) -> bool:
         return self._inner.complete()
@@ -195,6 +205,10 @@ class ReplicaSetUpstream(VllmProvider):
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._first_check: asyncio.Event | None = None
+        self.launch_error: Callable[[], str | None] | None = None
+        """Why this deployment's launch was refused for good, when this gateway runs it."""
+        self.replica_url: Callable[[int], str | None] | None = None
+        """Where a launched replica serves now (a restart may move it to a fresh port)."""
         self._ensure_monitor()
 
     # -- watching the replicas ---------------------------------------------------------
@@ -224,6 +238,7 @@ class ReplicaSetUpstream(VllmProvider):
 
     async def _check(self, replica: ReplicaEndpoint) -> None:
         assert self._session is not None
+        await self._follow(replica)
         url = replica.base_url.removesuffix("/v1") + "/health"
         error: str | None = None
         try:
@@ -236,16 +251,34 @@ class ReplicaSetUpstream(VllmProvider):
             replica.failures = self.policy.unhealthy_after  # nothing listens: out at once
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"/health failed: {type(exc).__name__}"
+        progressed = replica.chunks > replica.chunks_at_check
+        replica.chunks_at_check = replica.chunks
         if error is None:
             if not replica.healthy:
                 _log.info("replica_healthy", deployment=self.name, url=replica.base_url)
             replica.healthy, replica.failures, replica.last_error = True, 0, None
+            return
+        if progressed and replica.failures < self.policy.unhealthy_after:
+            # Its streams still produce tokens: slow because busy, not down (a refused
+            # connection has already counted as unhealthy_after failures above).
+            _log.info("replica_health_slow_but_streaming", deployment=self.name, url=replica.base_url)
             return
         replica.last_error = error
         replica.failures += 1
         if replica.failures >= self.policy.unhealthy_after and replica.healthy:
             replica.healthy = False
             _log.warning("replica_unhealthy", deployment=self.name, url=replica.base_url, error=error)
+
+    async def _follow(self, replica: ReplicaEndpoint) -> None:
+        """Point ``replica`` at the port its supervisor restarted it on, if it moved."""
+        url = self.replica_url(replica.index) if self.replica_url is not None else None
+        if url is None or url == replica.base_url:
+            return
+        _log.warning("replica_moved", deployment=self.name, old_url=replica.base_url, url=url)
+        old = replica.client
+        replica.base_url, replica.client = url, http_transport(url, self.deployment)
+        replica.healthy, replica.failures = False, 0
+        await old.close()
 
     async def _metrics_loop(self) -> None:
         while True:
@@ -281,6 +314,9 @@ class ReplicaSetUpstream(VllmProvider):
         return any(replica.healthy for replica in self.replicas)
 
     def _unavailable(self) -> UpstreamUnavailableError:
+        refused = self.launch_error() if self.launch_error is not None else None
+        if refused is not None:
+            return UpstreamUnavailableError(f"deployment '{self.name}' cannot start: {refused}")
         healthy = sum(r.healthy for r in self.replicas)
         errors = sorted({r.last_error for r in self.replicas if r.last_error})
         detail = f" ({'; '.join(errors)})" if errors else " (starting)"

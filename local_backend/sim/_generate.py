@@ -105,6 +105,7 @@ class _Generation:
         self.itl_s = 0.0
         self.offsets: list[float] | None = None  # per-token offsets from first_at, with jitter
         self.max_tokens_out = 0
+        self.counted_tokens = 0  # generation tokens already in the metrics (a stream counts as it goes)
         self.shift_s = 0.0  # added to every later deadline by a stall that resumes
 
     # timeline
@@ -182,7 +183,7 @@ class _Generation:
     def finish_metrics(self) -> None:
         metrics = self.metrics
         completion = sum(c.tokens for c in self.choices)
-        metrics.generation_tokens += completion
+        metrics.generation_tokens += completion - self.counted_tokens
         self.call.record["completion_tokens"] = completion
         if self.choices:
             reason = self.choices[0].finish_reason
@@ -376,6 +377,10 @@ class _Generation:
                     await before_chunk()
                 pending.append(self._piece(events, choice, first, final))
                 written += 1
+                # As vLLM's counter, which grows at every engine step, not at the end.
+                step_tokens = min(chunk_tokens, choice.tokens - first)
+                self.metrics.generation_tokens += step_tokens
+                self.counted_tokens += step_tokens
         if faulty:
             await before_chunk()
         if include_usage:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import structlog
 
-from gateway.replicas.launch import knob_of_flag
-from gateway.replicas.launch_plan import LaunchError, ReplicaPlan
+from gateway.replicas.launch import VllmLaunch, knob_of_flag
+from gateway.replicas.launch_plan import LaunchError, ReplicaPlan, plan_replicas
 
 _log = structlog.get_logger("switchyard.vllm")
 _PROBE = Path(__file__).with_name("_probe.py")
@@ -162,3 +162,34 @@ def _judge(plan: ReplicaPlan, report: dict[str, object]) -> Preflight:
         block_size=result.block_size,
     )
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchCheck:
+    """What :func:`check_launches` found: refusals by deployment, and the launches it could
+    not check against vLLM (not installed here, or not a Python entry point) with why."""
+
+    refused: dict[str, str]
+    unchecked: dict[str, str]
+
+
+async def check_launches(launches: Mapping[str, VllmLaunch], environ: Mapping[str, str]) -> LaunchCheck:
+    """For ``switchyard policy check``: plan each launch on this machine and run its preflight,
+    all at once; what the gateway would refuse at start is refused here with the same words."""
+    refused: dict[str, str] = {}
+    unchecked: dict[str, str] = {}
+
+    async def one(name: str, launch: VllmLaunch) -> None:
+        try:
+            plan = plan_replicas(launch, name, environ)[0]
+            result = await preflight(plan, environ)
+        except VllmNotInstalledError as exc:
+            unchecked[name] = str(exc)
+        except (LaunchError, OSError) as exc:
+            refused[name] = str(exc)
+        else:
+            if result.skipped is not None:
+                unchecked[name] = result.skipped
+
+    await asyncio.gather(*(one(name, launch) for name, launch in launches.items()))
+    return LaunchCheck(refused, unchecked)

@@ -33,6 +33,8 @@ import structlog
 from gateway.procutil import child_preexec
 from gateway.replicas.launch import VllmLaunch
 from gateway.replicas.launch_plan import ReplicaPlan
+from gateway.replicas.vllm_metrics import figures_from_text
+from local_backend.vllm._leftovers import group_members, on_port, port_free
 
 _log = structlog.get_logger("switchyard.vllm")
 
@@ -81,6 +83,7 @@ class Replica:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
+        self._generated: float | None = None  # vLLM's generation tokens at the last failed check
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -142,8 +145,7 @@ class Replica:
                 healthy_for = time.monotonic() - self.ready_since if self.ready_since else 0.0
                 self.ready_since = None
                 await self._terminate(proc, graceful=reason == "stopping")
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+                await self._settle_exit(proc, pump, restarting=reason != "stopping")
                 self.last_exit_code = proc.returncode
                 self.pid = None
                 if reason == "stopping":
@@ -238,6 +240,18 @@ class Replica:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
+    async def _generating(self, session: aiohttp.ClientSession) -> bool:
+        """Whether vLLM's generation-token counter (``/metrics``, served without asking the
+        engine) grew since the last failed health check: progress counts as health."""
+        try:
+            async with session.get(self.plan.metrics_url) as resp:
+                text = await resp.text(errors="replace") if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+        tokens = figures_from_text(text).generation_tokens
+        before, self._generated = self._generated, tokens
+        return tokens is not None and before is not None and tokens > before
+
     async def _wait(self, exited: asyncio.Task[int], timeout_s: float) -> bool:
         """Sleep up to ``timeout_s``; True when the process exited or a stop was asked."""
         stop = asyncio.ensure_future(self._stop.wait())
@@ -287,6 +301,11 @@ class Replica:
                     failures = 0
                     self._set(ReplicaState.READY)
                     continue
+                if await self._generating(session):
+                    # Slow because busy, not down: its streams still produce tokens.
+                    _log.info("vllm_health_slow_but_generating", replica=self.key, tokens=self._generated)
+                    failures = 0
+                    continue
                 failures += 1
                 self._set(ReplicaState.UNHEALTHY)
                 _log.warning("vllm_health_failed", replica=self.key, consecutive=failures)
@@ -304,6 +323,45 @@ class Replica:
         self.last_error = f"exited with status {code}"
         _log.error("vllm_exited", replica=self.key, exit_code=code, last_lines=list(self.tail)[-10:])
         return "exited"
+
+    async def _settle_exit(
+        self, proc: asyncio.subprocess.Process, pump: asyncio.Task[None], restarting: bool
+    ) -> None:
+        """Wait up to ``exit_wait_s`` for the old group to be gone and its output to end; then
+        log what is left and, before a restart, move to a fresh port if the old one is held."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.launch.exit_wait_s
+        for _ in range(int(self.launch.exit_wait_s / 0.05)):  # polled: a group has no pidfd
+            if not _group_alive(proc.pid):
+                break
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pump), max(0.0, deadline - loop.time()))
+        left = group_members(proc.pid)
+        output_open = not pump.done()
+        port_held = restarting and not port_free(self.launch.host, self.plan.port)
+        if left or output_open or port_held:
+            # Something outlived the wait (a worker whose SIGKILL is pending, or a process that
+            # left the group holding the output pipe or the port): say so, and do not wait for it.
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            _log.warning(
+                "vllm_exit_wait_over",
+                replica=self.key,
+                pid=proc.pid,
+                waited_s=self.launch.exit_wait_s,
+                group_left=left,
+                output_open=output_open,
+                port=self.plan.port,
+                port_held=port_held,
+            )
+        if port_held:
+            old = self.plan.port
+            self.plan = on_port(self.plan, self.launch.host)
+            _log.warning(
+                "vllm_port_moved", replica=self.key, old_port=old, port=self.plan.port, url=self.plan.base_url
+            )
 
     async def _terminate(self, proc: asyncio.subprocess.Process, graceful: bool) -> None:
         if proc.returncode is None:

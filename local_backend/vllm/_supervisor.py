@@ -37,6 +37,8 @@ class Supervisor:
         }
         self.replicas: dict[str, list[Replica]] = {}
         self.preflights: dict[str, Preflight] = {}
+        self.refused: dict[str, str] = {}
+        """Deployment -> why its preflight refused it for good (nothing of it will start)."""
         self._launching: list[asyncio.Task[None]] = []
 
     async def check(self) -> dict[str, Preflight]:
@@ -76,6 +78,7 @@ class Supervisor:
                 self.preflights[name] = await preflight(self.plans[name][0], self._environ)
             except (LaunchError, OSError) as exc:
                 _log.error("vllm_preflight_failed", deployment=name, error=str(exc))
+                self.refused[name] = str(exc)
                 for replica in self.replicas[name]:
                     replica.last_error = str(exc)
                     replica.state = ReplicaState.FAILED
@@ -140,6 +143,17 @@ class SupervisorThread:
             return self._thread.call(read(), timeout_s=2.0)
         except (RuntimeError, TimeoutError):
             return {}
+
+    def launch_error(self, name: str) -> str | None:
+        """Why ``name``'s launch was refused for good, if it was (a plain read: no call
+        into the supervisor's loop, so the request path may ask)."""
+        return self.supervisor.refused.get(name)
+
+    def replica_url(self, name: str, index: int) -> str | None:
+        """Where replica ``index`` of ``name`` serves now (a restart may move it to a fresh
+        port); a plain read, like :meth:`launch_error`."""
+        replicas = self.supervisor.replicas.get(name, [])
+        return replicas[index].plan.base_url if index < len(replicas) else None
 
     def __enter__(self) -> SupervisorThread:
         self._thread.start(self.supervisor.start, self.supervisor.stop)

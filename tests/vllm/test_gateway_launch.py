@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from gateway.replicas.vllm_metrics import figures_from_text
-from tests.helpers import GatewayProcess, free_ports, http_json
+from tests.helpers import GatewayProcess, free_ports, http_json, readyz
 from tests.vllm.conftest import RealVllm, start_gateway
 
 # vLLM starts in tens of seconds, minutes on a busy 2-core machine.
@@ -82,8 +82,8 @@ def wait_ready(gw: GatewayProcess, timeout_s: float = 400) -> dict[str, Any]:
 
 def test_not_routed_to_until_ready(gateway: GatewayProcess) -> None:
     # vLLM takes tens of seconds to load; meanwhile requests fail fast and clearly.
-    readyz = http_json("GET", gateway.url + "/readyz")
-    assert readyz["replicas"]["tiny"]["ready"] is False
+    state = readyz(gateway.url)
+    assert state["replicas"]["tiny"]["ready"] is False
     started = time.monotonic()
     with client(gateway) as c, pytest.raises(openai.APIStatusError) as info:
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)

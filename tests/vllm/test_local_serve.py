@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from gateway.procutil import free_port
-from tests.helpers import ROOT, GatewayProcess, http_json
+from tests.helpers import ROOT, GatewayProcess, readyz
 from tests.vllm.conftest import RealVllm, start_gateway
 
 # vLLM starts in tens of seconds, minutes on a busy 2-core machine.
@@ -117,7 +117,7 @@ def client(gw: GatewayProcess) -> openai.OpenAI:
 
 def ready(gw: GatewayProcess, timeout_s: float = 400) -> None:
     deadline = time.monotonic() + timeout_s
-    while not http_json("GET", gw.url + "/readyz")["replicas"]["tiny"]["ready"]:
+    while not readyz(gw.url)["replicas"]["tiny"]["ready"]:
         assert time.monotonic() < deadline
         time.sleep(0.2)
 

@@ -3,10 +3,12 @@ to it until /health answers, supervises it, and drains it on SIGTERM."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from gateway.procutil import free_port
 from tests.fixtures.fake_vllm_harness import FakeVllm
-from tests.helpers import GatewayProcess, free_ports, http_json
+from tests.helpers import GatewayProcess, free_ports, http_json, readyz
 
 
 def launch_policy(port: int, extra: str = "") -> str:
@@ -48,7 +50,7 @@ def alive(pid: int) -> bool:
 
 
 def replicas_state(gw: GatewayProcess) -> dict[str, Any]:
-    state: dict[str, Any] = http_json("GET", gw.url + "/readyz")["replicas"]["local-8b"]
+    state: dict[str, Any] = readyz(gw.url)["replicas"]["local-8b"]
     return state
 
 
@@ -143,3 +145,95 @@ def test_workers_share_one_set_of_launched_replicas(tmp_path: Path, make_gateway
     pids = [r["pid"] for r in fake.launches()]
     gw.stop(signal.SIGTERM)
     assert not any(alive(pid) for pid in pids)
+
+
+def test_a_launch_the_preflight_refuses_is_not_ready_and_says_why(tmp_path: Path, make_gateway: Any) -> None:
+    # Issue #50, item 12: the only deployment's launch can never start (its vLLM is not
+    # installed): /readyz is not ready, and a request's 503 carries the preflight's reason.
+    fake = FakeVllm(tmp_path)
+    gw = make_gateway(launch_policy(free_ports(2), "      executable: vllm-not-installed-here"), env=fake.env)
+
+    def refused() -> bool:
+        return "launch_error" in replicas_state(gw)
+
+    wait_for(refused)
+    with pytest.raises(urllib.error.HTTPError) as ready:
+        http_json("GET", gw.url + "/readyz")
+    assert ready.value.code == 503
+    body = json.loads(ready.value.read())
+    assert body["status"] == "not_ready"
+    assert any(
+        p.startswith("tier fast: no deployment has a healthy replica (local-8b: launch refused: cannot start")
+        and "not found on PATH" in p
+        for p in body["problems"]
+    ), body["problems"]
+    with (
+        openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client,
+        pytest.raises(openai.APIStatusError) as info,
+    ):
+        client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 503
+    assert "cannot start 'vllm-not-installed-here': not found on PATH" in info.value.message
+    assert fake.launches() == []
+
+
+def test_the_gateway_follows_a_replica_restarted_on_a_fresh_port(tmp_path: Path, make_gateway: Any) -> None:
+    # Issue #50, item 11: the crashed replica leaves its port held; the supervisor restarts
+    # it on a fresh port, and the gateway's routing follows it there.
+    fake = FakeVllm(tmp_path)
+    port = free_ports(2)
+    fake.control(
+        {"ports": {str(port + 1): {"crash_after_s": 0.5, "crash_launches": 1, "leave_behind_s": 60}}}
+    )
+    gw = make_gateway(launch_policy(port, "      exit_wait_s: 1"), env=fake.env)
+    left_file = fake.record_path.with_suffix(f".left-{port + 1}")
+    try:
+        wait_for(lambda: len(fake.launches()) == 3, timeout_s=30)
+        moved_to = fake.launches()[2]["port"]
+        assert moved_to not in (port, port + 1)
+
+        def routed_there() -> bool:
+            replicas = http_json("GET", gw.url + "/admin/replicas")["deployments"]["local-8b"]["replicas"]
+            return bool(replicas[1]["url"] == f"http://127.0.0.1:{moved_to}/v1" and replicas[1]["healthy"])
+
+        wait_for(routed_there, timeout_s=20)
+        assert replicas_state(gw)["healthy"] == 2
+    finally:
+        if left_file.exists():
+            os.kill(int(left_file.read_text()), signal.SIGKILL)
+
+
+def test_replicas_whose_streams_progress_stay_routable_while_health_is_slow(
+    tmp_path: Path, make_gateway: Any
+) -> None:
+    # Issue #50, item 13: under long streams vLLM's /health answers late (here after 3 s;
+    # the gateway's checks give up after 0.3 s), but tokens keep flowing through the gateway:
+    # the replicas stay healthy, new requests are still routed, nothing is restarted.
+    fake = FakeVllm(tmp_path)
+    fake.control({"slow_health_while_busy_s": 3, "output_tokens": [300, 300], "itl_ms": 15})
+    policy = launch_policy(free_ports(2)).replace(
+        "replicas: {health_interval_s: 0.2, metrics_interval_s: 0.2}",
+        "replicas: {health_interval_s: 0.2, metrics_interval_s: 0.2, probe_timeout_s: 0.3}",
+    )
+    gw = make_gateway(policy, env=fake.env)
+    wait_for(lambda: replicas_state(gw)["healthy"] == 2)
+    messages = [{"role": "user", "content": "a long answer"}]
+
+    def stream(i: int) -> int:
+        with openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client:
+            events = client.chat.completions.create(
+                model="fast", messages=[{"role": "system", "content": f"client {i}"}, *messages], stream=True
+            )
+            return sum(1 for e in events if e.choices and e.choices[0].delta.content)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        streams = [pool.submit(stream, i) for i in range(6)]
+        time.sleep(2.0)  # several health checks have timed out by now
+        assert replicas_state(gw)["healthy"] == 2
+        with openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0) as client:
+            reply = client.chat.completions.create(model="fast", messages=messages, max_tokens=4)
+        assert reply.choices[0].message.content
+        chunks = [s.result(timeout=30) for s in streams]
+    assert len(set(chunks)) == 1 and chunks[0] > 0  # every stream whole
+    assert len(fake.launches()) == 2  # no replica restarted
+    gw.wait_log(lambda line: line.get("event") == "replica_health_slow_but_streaming")

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.helpers import GatewayProcess, SimServer, http_json
+from tests.helpers import GatewayProcess, SimServer, http_json, readyz
 
 SYSTEMS = [
     f"You are assistant number {i}. " + "Follow the house style guide carefully. " * 30 for i in range(8)
@@ -77,7 +77,7 @@ def where_did_they_go(servers: list[SimServer]) -> dict[str, int]:
 def wait_ready(gw: GatewayProcess, healthy: int, timeout_s: float = 10.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        body = http_json("GET", gw.url + "/readyz")
+        body = readyz(gw.url)
         state = body["replicas"].get("local", {})
         if state.get("healthy") == healthy:
             return body
@@ -177,7 +177,12 @@ tiers: {{fast: [local]}}
 """.replace("'", '"')
     gw = make_gateway(policy)
     body = wait_ready(gw, 0)
-    assert body["status"] == "ready"  # the gateway itself serves; the deployment does not
+    # Its only deployment cannot answer: not ready (issue #50, item 12), and it says why.
+    assert body["status"] == "not_ready"
+    assert (
+        "tier fast: no deployment has a healthy replica (local: 0 of 2 replicas answer /health)"
+        in (body["problems"])
+    )
     assert body["replicas"]["local"] == {"ready": False, "healthy": 0, "replicas": 2}
     with client(gw) as c, pytest.raises(openai.APIStatusError) as info:
         c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])

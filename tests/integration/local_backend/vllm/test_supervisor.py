@@ -4,6 +4,7 @@ real HTTP health checks, real signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -385,3 +386,79 @@ def test_local_serve_without_vllm_installed_exits_2_with_a_hint(tmp_path: Path) 
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "vLLM is not installed" in lines[0] and "pip install 'switchyard[local]'" in lines[0]
+
+
+def test_a_crash_that_leaves_the_port_held_restarts_on_a_fresh_port_without_waiting(
+    fake: FakeVllm, tmp_path: Path, logs: list[dict[str, Any]]
+) -> None:
+    # Issue #50, item 11: the crashed server leaves a process (outside its group, deaf to
+    # SIGTERM) holding the output pipe and the port for 60 s. The restart waits exit_wait_s,
+    # logs what is left, and starts on a fresh port.
+    config = launch(exit_wait_s=1.0)
+    fake.control({"crash_after_s": 0.5, "crash_launches": 1, "leave_behind_s": 60})
+    left_file = fake.record_path.with_suffix(f".left-{config.port}")
+
+    async def main() -> tuple[dict[str, Any], float]:
+        supervisor = Supervisor({"local": config}, fake.env)
+        await supervisor.start()
+        try:
+            replica = supervisor.replicas["local"][0]
+            await until(lambda: replica.restarts == 1, timeout_s=20)
+            crashed_at = time.monotonic()
+            await until(lambda: replica.state is ReplicaState.READY, timeout_s=20)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(replica.plan.health_url) as resp,
+            ):
+                assert resp.status == 200
+            return replica.status(), time.monotonic() - crashed_at
+        finally:
+            await supervisor.stop()
+            if left_file.exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(left_file.read_text()), signal.SIGKILL)
+
+    status, ready_after_s = run(main)
+    assert ready_after_s < 15  # not the 60 s the leftover holds on
+    ports = [r["port"] for r in fake.launches()]
+    assert ports[0] == config.port and ports[1] != config.port
+    assert status["url"] == f"http://127.0.0.1:{ports[1]}/v1"
+    over = events(logs, "vllm_exit_wait_over")[0]
+    assert over["port_held"] is True and over["output_open"] is True and over["waited_s"] == 1.0
+    moved = events(logs, "vllm_port_moved")[0]
+    assert (moved["old_port"], moved["port"]) == (config.port, ports[1])
+
+
+def test_a_replica_whose_streams_still_produce_tokens_is_not_restarted_for_slow_health(
+    fake: FakeVllm, logs: list[dict[str, Any]]
+) -> None:
+    # Issue #50, item 13: while it streams, the replica's /health answers after 3 s (the
+    # checks time out after 0.4 s), but its generation-token counter keeps growing: slow
+    # because busy, not down. The streams finish whole and nothing restarts.
+    fake.control({"slow_health_while_busy_s": 3, "output_tokens": [240, 240], "itl_ms": 20})
+    config = launch(health_failures_to_restart=2)
+
+    async def main() -> tuple[list[int], dict[str, Any]]:
+        supervisor = Supervisor({"local": config}, fake.env)
+        await supervisor.start()
+        try:
+            assert await supervisor.wait_ready(30)
+            replica = supervisor.replicas["local"][0]
+
+            def stream() -> int:
+                with openai.OpenAI(base_url=replica.plan.base_url, api_key="x", max_retries=0) as client:
+                    events = client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "a long answer"}], stream=True
+                    )
+                    return sum(1 for event in events if event.choices and event.choices[0].delta.content)
+
+            chunks = await asyncio.gather(*(asyncio.to_thread(stream) for _ in range(3)))
+            return list(chunks), replica.status()
+        finally:
+            await supervisor.stop()
+
+    chunks, status = run(main)
+    assert all(n > 0 for n in chunks) and len(set(chunks)) == 1  # all whole, none cut
+    assert status["restarts"] == 0 and not events(logs, "vllm_restarting")
+    assert events(logs, "vllm_health_failed")  # the checks did fail ...
+    assert events(logs, "vllm_health_slow_but_generating")  # ... and progress counted as health
