@@ -316,7 +316,10 @@ class ReplicaSetUpstream(VllmProvider):
     def _unavailable(self) -> UpstreamUnavailableError:
         refused = self.launch_error() if self.launch_error is not None else None
         if refused is not None:
-            return UpstreamUnavailableError(f"deployment '{self.name}' cannot start: {refused}")
+            refusal = UpstreamUnavailableError(f"deployment '{self.name}' cannot start: {refused}")
+            # The preflight's reason is the operator's to act on and names no deployment (#50 item 12).
+            refusal.public = f"The deployment cannot start: {refused}"
+            return refusal
         healthy = sum(r.healthy for r in self.replicas)
         errors = sorted({r.last_error for r in self.replicas if r.last_error})
         detail = f" ({'; '.join(errors)})" if errors else " (starting)"
