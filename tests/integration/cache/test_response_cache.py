@@ -388,6 +388,7 @@ def switchyard(redis_url: str, *args: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_metrics_stats_and_the_cache_command_show_and_purge_entries(
     gateway: GatewayProcess, keys: dict[str, str], redis_url: str
 ) -> None:

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.helpers import ROOT, GatewayProcess, SimServer, sim_policy
 
@@ -50,6 +51,7 @@ WINDOWS = [
 ]
 
 
+@pytest.mark.slow
 def test_every_documented_window_is_accepted(make_gateway: Any, sim: SimServer) -> None:
     gw = make_gateway(sim_policy(sim.base_url))
     assert {form for form, _ in WINDOWS} >= set(documented_forms())

@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import ROOT, SimServer
 
 
@@ -109,6 +111,7 @@ def read_out(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_batch_resume_after_a_kill_leaves_no_duplicates_or_gaps(make_gateway: Any, tmp_path: Path) -> None:
     with SimServer("--model", "m:40:1") as sim:
         gw = make_gateway(f'deployments:\n  m: {{base_url: "{sim.base_url}"}}\ntiers: {{fast: [m]}}\n')

@@ -19,7 +19,6 @@ from gateway.procutil import free_port
 from tests.fixtures.fake_vllm_harness import FakeVllm
 from tests.helpers import GatewayProcess, free_ports, http_json, readyz
 
-
 # For tests that count launches: a loaded machine can miss three 0.2 s health checks in a row,
 # and the restart that follows is right but is not what those tests look at.
 PATIENT = "      health_failures_to_restart: 20"

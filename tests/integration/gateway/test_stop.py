@@ -48,6 +48,7 @@ def _one_stop(make_gateway: Any, policy: str, i: int) -> None:
     gw.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_right_after_a_502_always_exits(make_gateway: Any) -> None:
     # Before the fix about one stop in fifteen hung for ever at "draining": the stats
     # writer's cancel was swallowed by asyncio.wait_for inside redis-py (Python 3.11);

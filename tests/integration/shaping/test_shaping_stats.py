@@ -183,6 +183,7 @@ def test_the_stability_model_is_shared_by_replicas_and_survives_a_restart(
     assert ask(again, named("Ivy")).headers["x-switchyard-shaping"].startswith("moved=1")
 
 
+@pytest.mark.slow
 def test_redis_stopped_mid_traffic_fails_no_request_and_the_dropped_writes_are_counted(
     sim: SimServer, tmp_path: Path
 ) -> None:

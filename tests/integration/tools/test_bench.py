@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.tools.bench import load_workload
 from tests.helpers import ROOT, SimServer, sim_policy
 
@@ -41,6 +43,7 @@ def bench_run(make_gateway: Any, sim: SimServer, workload: Path, out: Path) -> d
     return result
 
 
+@pytest.mark.slow
 def test_a_slowed_simulator_fails_compare_and_the_same_one_passes(make_gateway: Any, tmp_path: Path) -> None:
     workload = tmp_path / "workload.yaml"
     workload.write_text(WORKLOAD)

@@ -9,6 +9,7 @@ import copy
 import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -284,6 +285,7 @@ _TOOL = st.fixed_dictionaries(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_TOOL, min_size=1, max_size=4))
+@pytest.mark.slow
 def test_the_size_limits_tools_json_shapes_and_routes_as_written_afresh(tools: list[Any]) -> None:
     """The tools' JSON the size limits wrote is what shaping memoizes by and what routing
     measures: shaping with it leaves the same body, and the canonical tools it leaves are as

@@ -26,6 +26,7 @@ def executable(path: Path, text: str) -> None:
 @pytest.mark.skipif(
     shutil.which("curl") is None or shutil.which("bash") is None, reason="needs bash and curl"
 )
+@pytest.mark.slow
 def test_gpu_check_serves_replays_with_shaping_off_and_on_and_prints_vllms_figures(tmp_path: Path) -> None:
     fake = FakeVllm(tmp_path)
     fake.control({"ttft_ms": 5, "itl_ms": 1})
