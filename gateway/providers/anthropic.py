@@ -21,7 +21,7 @@ from gateway.dialects.anthropic.request import late_system_blocks, to_messages_r
 from gateway.dialects.anthropic.response import MessagesStreamScanner, openai_error, to_chat_completion
 from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
 from gateway.providers.clients import http_transport
 from gateway.providers.transport import Transport, TransportResponse
 from gateway.shaping.breakpoints import place_breakpoints, split_stable_system
@@ -137,14 +137,7 @@ class AnthropicProvider(Provider):
         self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
     ) -> Answer:
         name = self.name
-        if not body.strip():
-            raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
-        try:
-            message = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise failure(
-                "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
-            ) from None
+        message = json_answer(name, body)
         if isinstance(message, dict) and (message.get("type") == "error" or message.get("error") is not None):
             error = openai_error(message)["error"]
             raise failure(

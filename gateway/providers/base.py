@@ -31,12 +31,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.dispatch.failures import http_failure
+import orjson
+
+from gateway.dispatch.failures import failure, http_failure
 from gateway.providers.clients import http_transport
 from gateway.providers.transport import Transport, TransportResponse
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment
+
+
+def json_answer(name: str, body: bytes) -> Any:
+    """A 200's body parsed, or the failure that makes it no answer: empty (``empty_answer``) or
+    not JSON (``invalid_answer``). What the JSON must hold is each provider's to check."""
+    if not body.strip():
+        raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise failure(
+            "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

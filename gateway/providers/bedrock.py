@@ -40,7 +40,7 @@ from gateway.dialects.bedrock.request import (
 from gateway.dialects.bedrock.response import ConverseStreamScanner, error_body, to_chat_completion
 from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
 from gateway.providers.bedrock_policy import INSTALL_HINT, BedrockSettings
 from gateway.providers.transport import HttpTransport, Transport, TransportResponse
 
@@ -331,14 +331,7 @@ class BedrockProvider(Provider):
         self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
     ) -> Answer:
         name = self.name
-        if not body.strip():
-            raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise failure(
-                "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
-            ) from None
+        answer = json_answer(name, body)
         output = answer.get("output") if isinstance(answer, dict) else None
         if not isinstance(output, dict) or not isinstance(output.get("message"), dict):
             raise failure(

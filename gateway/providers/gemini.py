@@ -40,7 +40,7 @@ from gateway.dialects.gemini.response import (
 )
 from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
 from gateway.providers.clients import http_transport
 from gateway.providers.google_token import MetadataToken
 from gateway.providers.transport import Transport, TransportResponse
@@ -171,14 +171,7 @@ class GeminiProvider(Provider):
         self, body: bytes, content_type: str, shown_model: str | None, *, endpoint: str | None = None
     ) -> Answer:
         name = self.name
-        if not body.strip():
-            raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
-        try:
-            response = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise failure(
-                "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
-            ) from None
+        response = json_answer(name, body)
         if isinstance(response, dict) and response.get("error") is not None:
             error = openai_error(response, 500)["error"]
             raise failure(

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.dispatch.failures import failure
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
 from gateway.providers.sse import StreamScanner
 
 _EPHEMERAL = {"type": "ephemeral"}
@@ -93,14 +93,7 @@ def check_answer(name: str, body: bytes, endpoint: str | None) -> dict[str, Any]
     """A 200's body as a JSON object, or the failure that makes it no answer: empty
     (``empty_answer``), not the endpoint's JSON (``invalid_answer``: truncated, invalid,
     no ``choices``/``data``), or an error object (``error_answer``)."""
-    if not body.strip():
-        raise failure("empty_answer", f"deployment '{name}' answered 200 with an empty body")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise failure(
-            "invalid_answer", f"deployment '{name}' answered 200 with a body that is not JSON ({exc})"
-        ) from None
+    obj = json_answer(name, body)
     if not isinstance(obj, dict):
         raise failure("invalid_answer", f"deployment '{name}' answered 200 with JSON that is not an object")
     error = obj.get("error")
