@@ -172,3 +172,23 @@ def event_data(event: bytes) -> bytes | None:
     if not lines:
         return None
     return b"\n".join(lines)
+
+
+def closing_events(
+    chunk_id: str, created: int, model: str | None, usage: dict[str, Any] | None, *, strip_usage: bool
+) -> list[bytes]:
+    """The end of a chat-completions stream translated from another dialect: the usage chunk
+    (unless the client did not ask for usage) and ``data: [DONE]``."""
+    out = []
+    if not strip_usage:
+        usage_chunk = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
+        out.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.providers.sse import complete_events, event_data
+from gateway.providers.sse import closing_events, complete_events, event_data
 
 STOP_REASONS = {
     "end_turn": "stop",
@@ -229,19 +229,9 @@ class MessagesStreamScanner:
         if kind == "message_stop":
             self.done = True
             self.usage = openai_usage(self._usage)
-            out = []
-            if not self._strip_usage:
-                usage_chunk = {
-                    "id": self._id,
-                    "object": "chat.completion.chunk",
-                    "created": self._created,
-                    "model": self._model,
-                    "choices": [],
-                    "usage": self.usage,
-                }
-                out.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
-            out.append(b"data: [DONE]\n\n")
-            return out
+            return closing_events(
+                self._id, self._created, self._model, self.usage, strip_usage=self._strip_usage
+            )
         if kind == "error":
             translated = openai_error(event)
             self.error = translated["error"]

@@ -23,6 +23,7 @@ import orjson
 
 from gateway.dialects.anthropic.response import openai_usage
 from gateway.dialects.bedrock.eventstream import EventMessage, EventStreamDecoder, EventStreamError
+from gateway.providers.sse import closing_events
 
 STOP_REASONS = {
     "end_turn": "stop",
@@ -241,19 +242,9 @@ class ConverseStreamScanner:
             usage = event.get("usage")
             self.usage = openai_usage_of(usage if isinstance(usage, dict) else {})
             self.done = True
-            out = []
-            if not self._strip_usage:
-                usage_chunk = {
-                    "id": self._id,
-                    "object": "chat.completion.chunk",
-                    "created": self._created,
-                    "model": self._model,
-                    "choices": [],
-                    "usage": self.usage,
-                }
-                out.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
-            out.append(b"data: [DONE]\n\n")
-            return out
+            return closing_events(
+                self._id, self._created, self._model, self.usage, strip_usage=self._strip_usage
+            )
         return []  # contentBlockStop, and event types added later
 
     def _error(self, name: str, message: EventMessage) -> list[bytes]:

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.gemini.request import make_call_id
-from gateway.providers.sse import complete_events, event_data
+from gateway.providers.sse import closing_events, complete_events, event_data
 
 FINISH_REASONS = {
     "STOP": "stop",
@@ -316,16 +316,4 @@ class GeminiStreamScanner:
     def _end(self) -> list[bytes]:
         self.done = True
         self.usage = openai_usage(self._usage_meta) or openai_usage({})
-        out = []
-        if not self._strip_usage:
-            usage_chunk = {
-                "id": self._id,
-                "object": "chat.completion.chunk",
-                "created": self._created,
-                "model": self._model,
-                "choices": [],
-                "usage": self.usage,
-            }
-            out.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
-        out.append(b"data: [DONE]\n\n")
-        return out
+        return closing_events(self._id, self._created, self._model, self.usage, strip_usage=self._strip_usage)
