@@ -158,7 +158,10 @@ def test_request_header_tightens_the_first_token_timeout(
     [
         ("reset_mid_stream=3", "  retries: {max: 2}", "upstream_disconnected"),
         ("stall_mid_stream=3", "  timeouts: {idle_s: 0.4}\n  retries: {max: 2}", "idle_timeout"),
-        ("malformed_chunk=3", "  retries: {max: 2}", "malformed_chunk"),
+        # The pause after 2 chunks puts them on the wire first: on a loaded machine the simulator
+        # would otherwise write a late answer whole, and the gateway, rightly, retry it before
+        # anything reached the client.
+        ("stall_mid_stream=2:300,malformed_chunk=3", "  retries: {max: 2}", "malformed_chunk"),
     ],
 )
 def test_a_stream_broken_after_it_began_ends_with_an_error_event(

@@ -12,6 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from gateway.store.embedded import EmbeddedRedis
 from tests.helpers import GatewayProcess, SimServer
 
 MODELS = ["sim-chat", "sim-native"]
@@ -197,8 +198,13 @@ def test_stream_cut_after_start_ends_with_error_event(
 
 
 def test_redis_down_stateless_works_stateful_is_503(
-    sim: SimServer, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    # A Redis of this test's own: pausing every client of the shared one would stall the
+    # tests the other workers run against it at the same time.
+    private = EmbeddedRedis()
+    private.start()
+    redis_url = private.url
     gw = GatewayProcess(_policy(sim.base_url), redis_url=redis_url, workdir=tmp_path_factory.mktemp("gw"))
     gw.start()
     try:
@@ -221,6 +227,7 @@ def test_redis_down_stateless_works_stateful_is_503(
             admin.client_unpause()
     finally:
         gw.stop()
+        private.stop()
 
 
 @pytest.mark.parametrize("model", MODELS)
