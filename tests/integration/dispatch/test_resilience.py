@@ -230,6 +230,7 @@ def test_circuit_opens_after_failures_and_closes_after_the_cooldown(
     assert admin(gw, "/admin/dispatch")["circuits"]["a"]["state"] == "closed"
 
 
+@pytest.mark.slow
 def test_an_open_circuit_is_shared_with_other_replicas(
     make_gateway: Any, clean: tuple[SimServer, SimServer]
 ) -> None:

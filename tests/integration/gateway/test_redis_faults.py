@@ -90,6 +90,7 @@ def test_admin_keys_and_costs_answer_503_redis_unavailable_while_redis_is_down(
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_frozen_redis_adds_no_wait_to_keyed_requests(
     keyed: GatewayProcess, own_redis: EmbeddedRedis
 ) -> None:

@@ -103,6 +103,7 @@ def test_shaping_moves_the_date_so_the_provider_hits_and_both_counts_agree(
     assert template["flagged"] is False and template["breaking_segment"] is None
 
 
+@pytest.mark.slow
 def test_without_shaping_the_template_is_flagged_with_the_date_line_that_broke_it(
     sim: SimServer, make_gateway: Any, tmp_path: Path
 ) -> None:

@@ -340,6 +340,7 @@ _tool = st.fixed_dictionaries(
         },
     )
 )
+@pytest.mark.slow
 def test_any_body_is_translated_or_refused_never_a_traceback(body: dict[str, Any]) -> None:
     with contextlib.suppress(InvalidRequestError):
         orjson.dumps(converse(body, stable_chars=3))

@@ -408,6 +408,7 @@ _message = st.dictionaries(
         },
     )
 )
+@pytest.mark.slow
 def test_any_request_translates_or_is_a_400(body: dict[str, Any]) -> None:
     try:
         out = to_generate_request(body)
