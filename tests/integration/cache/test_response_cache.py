@@ -407,8 +407,14 @@ def test_metrics_stats_and_the_cache_command_show_and_purge_entries(
         assert time.monotonic() < deadline, metrics[-3000:]
         time.sleep(0.1)
     assert "switchyard_response_cache_saved_usd_total" in metrics
-    _, report = admin(gateway, "GET", "/admin/stats?since=10m")
-    assert "Response cache" in render(report)
+    # The stats reach Redis with the writer's next flush: wait for it, as for the metrics.
+    deadline = time.monotonic() + 5
+    while True:
+        _, report = admin(gateway, "GET", "/admin/stats?since=10m")
+        if "Response cache" in render(report):
+            break
+        assert time.monotonic() < deadline, render(report)
+        time.sleep(0.1)
     listed = json.loads(switchyard(redis_url, "cache", "list", "--namespace", "team-a", "--json"))
     assert listed and {row["namespace"] for row in listed} == {"team-a"}
     inspected = json.loads(switchyard(redis_url, "cache", "inspect", listed[0]["id"]))
