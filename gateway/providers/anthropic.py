@@ -21,7 +21,7 @@ from gateway.dialects.anthropic.request import late_system_blocks, to_messages_r
 from gateway.dialects.anthropic.response import MessagesStreamScanner, openai_error, to_chat_completion
 from gateway.dispatch.failures import failure, http_failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer, wants_usage
 from gateway.providers.clients import http_transport
 from gateway.providers.transport import Transport, TransportResponse
 from gateway.shaping.breakpoints import place_breakpoints, split_stable_system
@@ -108,10 +108,7 @@ class AnthropicProvider(Provider):
                 ttl=deployment.cache_ttl,
                 late_blocks=late_system_blocks(body.get("messages")),
             )
-        wants_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get(
-            "include_usage"
-        )
-        return PreparedRequest(request, strip_usage=stream and not wants_usage)
+        return PreparedRequest(request, strip_usage=stream and not wants_usage(body))
 
     async def send(
         self,

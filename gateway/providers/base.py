@@ -41,6 +41,13 @@ if TYPE_CHECKING:
     from gateway.policy import Deployment
 
 
+def wants_usage(body: Mapping[str, Any]) -> bool:
+    """Whether the client asked for usage on its stream (``stream_options.include_usage``):
+    when not, the usage chunk the gateway asked the upstream for is stripped."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 def json_answer(name: str, body: bytes) -> Any:
     """A 200's body parsed, or the failure that makes it no answer: empty (``empty_answer``) or
     not JSON (``invalid_answer``). What the JSON must hold is each provider's to check."""

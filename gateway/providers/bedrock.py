@@ -40,7 +40,7 @@ from gateway.dialects.bedrock.request import (
 from gateway.dialects.bedrock.response import ConverseStreamScanner, error_body, to_chat_completion
 from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer, wants_usage
 from gateway.providers.bedrock_policy import INSTALL_HINT, BedrockSettings
 from gateway.providers.transport import HttpTransport, Transport, TransportResponse
 
@@ -280,9 +280,9 @@ class BedrockProvider(Provider):
             )
         except SwitchyardError as exc:
             return PreparedRequest(_Refused(exc))
-        options = body.get("stream_options")
-        wants_usage = isinstance(options, dict) and options.get("include_usage")
-        return PreparedRequest(_Converse(request, stream=stream), strip_usage=stream and not wants_usage)
+        return PreparedRequest(
+            _Converse(request, stream=stream), strip_usage=stream and not wants_usage(body)
+        )
 
     async def send(
         self,

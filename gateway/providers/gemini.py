@@ -40,7 +40,7 @@ from gateway.dialects.gemini.response import (
 )
 from gateway.dispatch.failures import failure
 from gateway.errors import SwitchyardError
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer, wants_usage
 from gateway.providers.clients import http_transport
 from gateway.providers.google_token import MetadataToken
 from gateway.providers.transport import Transport, TransportResponse
@@ -138,10 +138,7 @@ class GeminiProvider(Provider):
             request = to_generate_request(body)
         except SwitchyardError as exc:
             return PreparedRequest(_Request({}, stream=stream, error=exc))
-        wants_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get(
-            "include_usage"
-        )
-        return PreparedRequest(_Request(request, stream=stream), strip_usage=stream and not wants_usage)
+        return PreparedRequest(_Request(request, stream=stream), strip_usage=stream and not wants_usage(body))
 
     async def send(
         self,

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.dispatch.failures import failure
-from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer
+from gateway.providers.base import Answer, CacheHints, PreparedRequest, Provider, json_answer, wants_usage
 from gateway.providers.sse import StreamScanner
 
 _EPHEMERAL = {"type": "ephemeral"}
@@ -27,7 +27,7 @@ class OpenAIProvider(Provider):
         if hints is not None and hints.prefix_hash:
             self._add_cache_hints(out, hints)
         strip_usage = False
-        if stream and self.deployment.stream_usage and not _wants_usage(out):
+        if stream and self.deployment.stream_usage and not wants_usage(out):
             out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
             strip_usage = True
         return PreparedRequest(out, strip_usage)
@@ -109,8 +109,3 @@ def check_answer(name: str, body: bytes, endpoint: str | None) -> dict[str, Any]
     if key is not None and not isinstance(obj.get(key), list):
         raise failure("invalid_answer", f"deployment '{name}' answered 200 without '{key}'")
     return obj
-
-
-def _wants_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
