@@ -27,17 +27,15 @@ Written from Google's public API reference, not from any SDK:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.fixtures.threaded_app import ThreadedApp
 
 API_KEY = "gemini-test-key"
 VERTEX_TOKEN = "ya29.vertex-test-token"
@@ -106,20 +104,17 @@ class Seen:
     at: float = field(default_factory=time.monotonic)
 
 
-class FakeGemini:
+class FakeGemini(ThreadedApp):
     """The fake upstream (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.requests: list[Seen] = []
         self._faults: list[tuple[int, str, str, list[Any]]] = []
         self._systems: set[str] = set()
         self._cut = False
         self.issued: list[str] = []
         self.token_lifetime_s = 3599
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
     def gemini_url(self) -> str:
@@ -148,27 +143,10 @@ class FakeGemini:
 
     # --- the server -------------------------------------------------------------------
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1beta/models/{call}", self._gemini)
         app.router.add_post("/v1/projects/{p}/locations/{l}/publishers/google/models/{call}", self._vertex)
         app.router.add_get("/computeMetadata/v1/instance/service-accounts/default/token", self._token)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-
-    def __enter__(self) -> FakeGemini:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     async def _gemini(self, request: web.Request) -> web.StreamResponse:
         key = request.headers.get("x-goog-api-key")

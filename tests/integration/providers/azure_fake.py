@@ -19,16 +19,14 @@ It serves chat completions at both URL forms and checks what Azure checks:
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.fixtures.threaded_app import ThreadedApp
 
 KEY = "azure-test-key"
 TOKEN = "entra-test-token"
@@ -49,41 +47,17 @@ def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
     return web.json_response(body, status=status)
 
 
-class FakeAzure:
+class FakeAzure(ThreadedApp):
     """The fake resource, served from a thread; ``requests`` keeps what each request sent."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.requests: list[dict[str, Any]] = []
         self.seen: dict[str, int] = {}
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/openai/v1/chat/completions", self._v1)
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._deployment)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> FakeAzure:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     async def _v1(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)

@@ -11,8 +11,6 @@ behaves as the provider's public API reference says:
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,43 +19,20 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.helpers import GatewayProcess, free_port
+from tests.fixtures.threaded_app import ThreadedApp
+from tests.helpers import GatewayProcess
 
 
-class FakeCompatible:
+class FakeCompatible(ThreadedApp):
     """DeepSeek at ``/deepseek/v1``, Mistral at ``/mistral/v1``, Groq at ``/groq/openai/v1``."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{provider}/v1/chat/completions", self._chat)
         app.router.add_post("/{provider}/openai/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> FakeCompatible:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         provider = request.match_info["provider"]
