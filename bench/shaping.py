@@ -659,7 +659,7 @@ def tools_cost(runs: int = 1000) -> dict[str, Any]:
     one: that order is meaning): the first shape of that tool list, every time."""
     from redis.asyncio import Redis
 
-    from gateway.cachestats.prefix import checkpoints
+    from gateway.cachestats.chain import checkpoints
     from gateway.shaping.policy import ShapingPolicy
     from gateway.shaping.shaper import PolicyShaper
     from gateway.shaping.stability import StabilityModel
