@@ -77,20 +77,21 @@ def canonical_wrapper(obj: Any) -> Any:
     return out
 
 
-Path = tuple[str | int, ...]
+KeyPath = tuple[str | int, ...]
+"""A place inside a JSON value: the keys and list indices from its root."""
 
 
-def kept_orders(obj: Any) -> list[tuple[Path, tuple[str, ...]]]:
+def kept_orders(obj: Any) -> list[tuple[KeyPath, tuple[str, ...]]]:
     """Where :func:`canonical_wrapper` keeps an object's key order in ``obj`` (the named
     schemas, the literals, a wrapper's other values): each such object's path and keys. Two
     values equal but for key order (the same JSON with sorted keys) have the same canonical
     form if these objects' keys come in the same order in both."""
-    out: list[tuple[Path, tuple[str, ...]]] = []
+    out: list[tuple[KeyPath, tuple[str, ...]]] = []
     _kept_wrapper(obj, (), out)
     return out
 
 
-def _kept_wrapper(obj: Any, path: Path, out: list[tuple[Path, tuple[str, ...]]]) -> None:
+def _kept_wrapper(obj: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
     if not isinstance(obj, dict):
         _kept_all(obj, path, out)
         return
@@ -103,7 +104,7 @@ def _kept_wrapper(obj: Any, path: Path, out: list[tuple[Path, tuple[str, ...]]])
             _kept_all(value, (*path, key), out)
 
 
-def _kept_schema(node: Any, path: Path, out: list[tuple[Path, tuple[str, ...]]]) -> None:
+def _kept_schema(node: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
     if type(node) is dict:
         for key, value in node.items():
             if type(value) is dict or type(value) is list:
@@ -124,7 +125,7 @@ def _kept_schema(node: Any, path: Path, out: list[tuple[Path, tuple[str, ...]]])
         _kept_all(node, path, out)
 
 
-def _kept_all(value: Any, path: Path, out: list[tuple[Path, tuple[str, ...]]]) -> None:
+def _kept_all(value: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
     """Every object in ``value`` keeps its order (a literal, copied as it is)."""
     if isinstance(value, dict):
         out.append((path, tuple(value)))

@@ -36,7 +36,7 @@ from gateway.shaping.body import (
     _texts,
     _tool_name,
 )
-from gateway.shaping.canonical import Path, canonical_wrapper, kept_orders
+from gateway.shaping.canonical import KeyPath, canonical_wrapper, kept_orders
 from gateway.shaping.decide import Decisions, _First
 from gateway.shaping.heads import HeadReader
 from gateway.shaping.layout import _Placed
@@ -96,7 +96,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         self._canonical_memo: dict[bytes, Any] = {}
         self._tools_memo: dict[bytes, _ShapedTools] = {}
         # Per tool, by its JSON with sorted keys: its canonical form and where key order is kept.
-        self._canonical_tools: dict[bytes, tuple[Any, list[tuple[Path, tuple[str, ...]]], str]] = {}
+        self._canonical_tools: dict[bytes, tuple[Any, list[tuple[KeyPath, tuple[str, ...]]], str]] = {}
         # Per list of canonical tools (their ids, in the policy's order): what it shapes to.
         self._tool_lists: dict[tuple[int, ...], tuple[_ShapedTools, _ShapedTools]] = {}
         # Per history (the turns a request sent), the layouts of the heads sent with it.
@@ -137,7 +137,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             self._canonical_memo[raw] = found
         return found
 
-    def _canonical_tool(self, tool: Any) -> tuple[Any, list[tuple[Path, tuple[str, ...]]], str]:
+    def _canonical_tool(self, tool: Any) -> tuple[Any, list[tuple[KeyPath, tuple[str, ...]]], str]:
         """A tool in canonical form, with where its key order is kept and its name; memoized
         by its JSON with sorted keys: a client that re-serializes its tools in another key
         order each time sends a known tool (the canonical form is reused when the objects
