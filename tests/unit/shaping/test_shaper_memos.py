@@ -338,7 +338,7 @@ def _rekeyed(node: Any, rng: Any) -> Any:
     return {k: _rekeyed(node[k], rng) for k in keys}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.lists(_KEYED_TOOL, min_size=1, max_size=4), st.randoms(use_true_random=False), st.booleans())
 def test_tools_sent_again_in_another_key_order_shape_as_afresh(
     tools: list[Any], rng: Any, sort: bool
