@@ -75,3 +75,62 @@ def canonical_wrapper(obj: Any) -> Any:
         else:
             out[key] = _copy(value)
     return out
+
+
+KeyPath = tuple[str | int, ...]
+"""A place inside a JSON value: the keys and list indices from its root."""
+
+
+def kept_orders(obj: Any) -> list[tuple[KeyPath, tuple[str, ...]]]:
+    """Where :func:`canonical_wrapper` keeps an object's key order in ``obj`` (the named
+    schemas, the literals, a wrapper's other values): each such object's path and keys. Two
+    values equal but for key order (the same JSON with sorted keys) have the same canonical
+    form if these objects' keys come in the same order in both."""
+    out: list[tuple[KeyPath, tuple[str, ...]]] = []
+    _kept_wrapper(obj, (), out)
+    return out
+
+
+def _kept_wrapper(obj: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
+    if not isinstance(obj, dict):
+        _kept_all(obj, path, out)
+        return
+    for key, value in obj.items():
+        if key in _SCHEMA_KEYS:
+            _kept_schema(value, (*path, key), out)
+        elif key in ("function", "json_schema") and isinstance(value, dict):
+            _kept_wrapper(value, (*path, key), out)
+        else:
+            _kept_all(value, (*path, key), out)
+
+
+def _kept_schema(node: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
+    if type(node) is dict:
+        for key, value in node.items():
+            if type(value) is dict or type(value) is list:
+                if key in _LITERALS:
+                    _kept_all(value, (*path, key), out)
+                elif key in _NAMED_SCHEMAS and type(value) is dict:
+                    out.append(((*path, key), tuple(value)))
+                    for name, schema in value.items():
+                        _kept_schema(schema, (*path, key, name), out)
+                else:
+                    _kept_schema(value, (*path, key), out)
+            elif isinstance(value, (dict, list, tuple)):
+                _kept_all(value, (*path, key), out)  # kept as it is
+    elif type(node) is list:
+        for i, value in enumerate(node):
+            _kept_schema(value, (*path, i), out)
+    else:
+        _kept_all(node, path, out)
+
+
+def _kept_all(value: Any, path: KeyPath, out: list[tuple[KeyPath, tuple[str, ...]]]) -> None:
+    """Every object in ``value`` keeps its order (a literal, copied as it is)."""
+    if isinstance(value, dict):
+        out.append((path, tuple(value)))
+        for key, inner in value.items():
+            _kept_all(inner, (*path, key), out)
+    elif isinstance(value, (list, tuple)):
+        for i, inner in enumerate(value):
+            _kept_all(inner, (*path, i), out)

@@ -22,7 +22,8 @@ request body) and :mod:`~gateway.shaping.result` (what shaping did).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -35,7 +36,7 @@ from gateway.shaping.body import (
     _texts,
     _tool_name,
 )
-from gateway.shaping.canonical import canonical_wrapper
+from gateway.shaping.canonical import KeyPath, canonical_wrapper, kept_orders
 from gateway.shaping.decide import Decisions, _First
 from gateway.shaping.heads import HeadReader
 from gateway.shaping.layout import _Placed
@@ -50,8 +51,11 @@ from gateway.shaping.volatile import Detectors, keep, line_hash
 from gateway.store.writer import StatsWriter
 
 _NOT_TEXT = (False, "", "")
+_FIRST, _THIRD = itemgetter(0), itemgetter(2)
 _STABLE_KEPT = 256  # templates whose last stable head is kept
 _PREFIX_HASHES_KEPT = 256
+_CANONICAL_TOOLS_KEPT = 4096
+_TOOL_LISTS_KEPT = 256
 
 __all__ = ["REASONS", "PolicyShaper", "ShapeResult"]
 
@@ -91,6 +95,10 @@ class PolicyShaper(Decisions, HeadSignatures):
         self.detectors = Detectors(policy.detectors, policy.volatile_patterns)
         self._canonical_memo: dict[bytes, Any] = {}
         self._tools_memo: dict[bytes, _ShapedTools] = {}
+        # Per tool, by its JSON with sorted keys: its canonical form and where key order is kept.
+        self._canonical_tools: dict[bytes, tuple[Any, list[tuple[KeyPath, tuple[str, ...]]], str]] = {}
+        # Per list of canonical tools (their ids, in the policy's order): what it shapes to.
+        self._tool_lists: dict[tuple[int, ...], tuple[_ShapedTools, _ShapedTools]] = {}
         # Per history (the turns a request sent), the layouts of the heads sent with it.
         self._conversations: dict[str, list[_Layout]] = {}
         self._read_hashes: list[str] = []  # the head being shaped's unit hashes
@@ -129,6 +137,27 @@ class PolicyShaper(Decisions, HeadSignatures):
             self._canonical_memo[raw] = found
         return found
 
+    def _canonical_tool(self, tool: Any) -> tuple[Any, list[tuple[KeyPath, tuple[str, ...]]], str]:
+        """A tool in canonical form, with where its key order is kept and its name; memoized
+        by its JSON with sorted keys: a client that re-serializes its tools in another key
+        order each time sends a known tool (the canonical form is reused when the objects
+        whose key order it keeps, such as ``properties``, come in the same order:
+        :func:`~gateway.shaping.canonical.kept_orders`)."""
+        key = orjson.dumps(tool, option=orjson.OPT_SORT_KEYS)
+        found = self._canonical_tools.get(key)
+        if found is not None:
+            for path, keys in found[1]:
+                node = tool
+                for step in path:
+                    node = node[step]  # the same JSON but for key order: the path exists
+                if tuple(node) != keys:
+                    break
+            else:
+                return found
+        canonical = canonical_wrapper(tool)  # new containers all through: shareable
+        found = (canonical, kept_orders(tool), _tool_name(canonical))
+        return keep(self._canonical_tools, key, found, _CANONICAL_TOOLS_KEPT)
+
     def _shaped_tools(self, tools: list[Any], raw: bytes | None = None) -> _ShapedTools:
         """A tool list in canonical form, sorted as the policy asks, with its names and JSON
         (memoized by its bytes: a template's requests carry the same tools). ``raw``: the
@@ -138,12 +167,25 @@ class PolicyShaper(Decisions, HeadSignatures):
         found = self._tools_memo.get(raw)
         if found is not None:
             return found
-        names = ",".join(sorted(_tool_name(t) for t in tools))
-        out = [self._canonical(tool) for tool in tools]
-        ordered = sorted(out, key=_tool_name) if self.policy.sort_tools and out else out
-        data = orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
-        rendered = b"".join(map(orjson.dumps, ordered))
-        found = _ShapedTools(names, tuple(ordered), ordered != out, data, _hasher(data), rendered)
+        known = list(map(self._canonical_tool, tools))
+        out = list(map(_FIRST, known))
+        if self.policy.sort_tools and out:
+            # By name, as sorted(out, key=_tool_name) (stable), the names known per tool.
+            names = list(map(_THIRD, known))
+            ordered = list(map(out.__getitem__, sorted(range(len(out)), key=names.__getitem__)))
+        else:
+            ordered = out
+        # The same tools in another order or with their keys in another order: the same
+        # canonical objects, so the same names, JSON, hash state and prompt bytes.
+        ids = tuple(map(id, ordered))  # alive while their entry holds them: ids not reused
+        shaped = self._tool_lists.get(ids)
+        if shaped is None:
+            names_text = ",".join(sorted(map(_tool_name, ordered)))
+            data = orjson.dumps(ordered, option=orjson.OPT_SORT_KEYS)
+            rendered = b"".join(map(orjson.dumps, ordered))
+            as_is = _ShapedTools(names_text, tuple(ordered), False, data, _hasher(data), rendered)
+            shaped = keep(self._tool_lists, ids, (as_is, replace(as_is, sorted=True)), _TOOL_LISTS_KEPT)
+        found = shaped[ordered != out]
         if len(self._tools_memo) > 1024:
             self._tools_memo.clear()
         self._tools_memo[raw] = found

@@ -305,3 +305,56 @@ def test_the_size_limits_tools_json_shapes_and_routes_as_written_afresh(tools: l
     PolicyShaper(ShapingPolicy()).shape(afresh_body, StabilityModel())
     assert given_body == afresh_body
     assert structure(given_body, tool_chars=len(tools_json)) == structure(afresh_body)
+
+
+# Keywords whose objects canonical form sorts or keeps in order, and other keys.
+_KEYWORD = st.sampled_from(["type", "properties", "items", "enum", "default", "anyOf", "$defs", "x"])
+_NODE = st.recursive(
+    st.none() | st.booleans() | st.integers(-9, 9) | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(_KEYWORD | st.text(max_size=3), inner, max_size=4)
+    ),
+    max_leaves=25,
+)
+_KEYED_TOOL = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries({"name": st.sampled_from("abc"), "parameters": _NODE}),
+    },
+    optional={"metadata": _NODE, "input_schema": _NODE},
+)
+
+
+def _rekeyed(node: Any, rng: Any) -> Any:
+    """``node`` with some objects' keys (any object's: ``properties`` and literals too) in
+    another order."""
+    if isinstance(node, list):
+        return [_rekeyed(v, rng) for v in node]
+    if not isinstance(node, dict):
+        return node
+    keys = list(node)
+    if rng.random() < 0.5:
+        rng.shuffle(keys)
+    return {k: _rekeyed(node[k], rng) for k in keys}
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(_KEYED_TOOL, min_size=1, max_size=4), st.randoms(use_true_random=False), st.booleans())
+def test_tools_sent_again_in_another_key_order_shape_as_afresh(
+    tools: list[Any], rng: Any, sort: bool
+) -> None:
+    """A tool known by its JSON with sorted keys reuses its canonical form only when the key
+    orders canonical form keeps (``properties``, literals, a wrapper's other values) are the
+    same: every request shapes as with a shaper that never saw the tools."""
+    import orjson
+
+    memo = PolicyShaper(ShapingPolicy(sort_tools=sort))
+    for _ in range(4):
+        sent = [_rekeyed(tool, rng) for tool in tools]
+        rng.shuffle(sent)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": sent}
+        again, afresh = copy.deepcopy(body), copy.deepcopy(body)
+        a = memo.shape(again, StabilityModel())
+        b = PolicyShaper(ShapingPolicy(sort_tools=sort)).shape(afresh, StabilityModel())
+        assert orjson.dumps(again) == orjson.dumps(afresh)
+        assert (a.header(), a.prefix_hash, a.rendered_tools) == (b.header(), b.prefix_hash, b.rendered_tools)
