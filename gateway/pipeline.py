@@ -171,11 +171,11 @@ def _prepare(
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     plan: CachePlan | None = None
-    cache_policy = ctx.snapshot.policy.cache
-    if cache_policy.active and stages.cache is not None:
+    snapshot = ctx.snapshot
+    if snapshot.cache_active and stages.cache is not None:
         key = ctx.key
         name = key.name if key else None
-        plan = plan_request(cache_policy, endpoint, body, headers, ctx.key_id, name, tools_json)
+        plan = plan_request(snapshot.policy.cache, endpoint, body, headers, ctx.key_id, name, tools_json)
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
@@ -199,7 +199,7 @@ def _prepare(
             view, tool_chars = body, len(tools_json) if tools_json is not None else None
         else:
             view, tool_chars = dialect.routing_view(body), None
-        route = ctx.snapshot.router.resolve(
+        route = snapshot.router.resolve(
             view, hint, dispatcher.available, dispatcher.pool.in_flight, tool_chars
         )
         _set_route(ctx, route)
