@@ -33,14 +33,19 @@ class Route:
     score: float | None = None
     threshold: float | None = None
     escalated_from: str | None = None
-    shown: str | None = field(default=None, compare=False, repr=False)
-    """:meth:`header`, written once (a route a :class:`NamePlan` holds serves many requests)."""
+    _header: str | None = field(default=None, init=False, compare=False, repr=False)
 
     def header(self) -> str:
         """The ``x-switchyard-route`` value, e.g. ``tier=strong; by=rule:has_tools`` or
         ``tier=fast; score=0.21; threshold=0.5``."""
-        if self.shown is not None:
-            return self.shown
+        written = self._header
+        if written is None:
+            # Written once: a route a NamePlan holds serves every request with its name.
+            written = self._written()
+            object.__setattr__(self, "_header", written)
+        return written
+
+    def _written(self) -> str:
         if self.tier is None:
             return f"deployment={self.deployments[0]}; by={self.reason}"
         if self.score is not None:
@@ -91,11 +96,6 @@ class Decision:
 
 
 _Choice = tuple[str, str, float | None, str | None]
-
-
-def _fixed(route: Route) -> Route:
-    """``route`` with its header written once."""
-    return replace(route, shown=route.header())
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +149,7 @@ class Router:
         if not policy.routing.route_all and model != AUTO:
             name = policy.aliases.get(model, model)
             if name in policy.deployments:
-                return NamePlan(False, _fixed(Route(tier=None, deployments=(name,), reason="model")))
+                return NamePlan(False, Route(tier=None, deployments=(name,), reason="model"))
             if name not in policy.tiers:
                 raise ModelNotFoundError(model)
             return self._tier_plan(False, name, "model")
@@ -172,7 +172,7 @@ class Router:
     def _tier_plan(self, routed: bool, tier: str, reason: str) -> NamePlan:
         members = self.policy.tiers[tier]
         if len(members) == 1:  # one order whatever the load and the circuits say
-            return NamePlan(routed, _fixed(Route(tier, (members[0].deployment,), reason)), tier, reason)
+            return NamePlan(routed, Route(tier, (members[0].deployment,), reason), tier, reason)
         return NamePlan(routed, tier=tier, reason=reason)
 
     def decide(self, body: Mapping[str, Any], hint: str | None = None) -> Decision:
