@@ -194,9 +194,12 @@ def _prepare(
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
         # The canonical tools shaping put in the body have the length of the client's: only
-        # keys moved. Another dialect's routing view has tools of another form.
+        # keys moved. Another dialect's routing view has tools of another form, and is made
+        # only when the router reads more than the model name and the hint.
         if dialect is None:
             view, tool_chars = body, len(tools_json) if tools_json is not None else None
+        elif not snapshot.router.reads_body(str(body.get("model", ""))):
+            view, tool_chars = body, None
         else:
             view, tool_chars = dialect.routing_view(body), None
         route = snapshot.router.resolve(

@@ -144,6 +144,13 @@ class Router:
             self._plans[model] = found
         return found
 
+    def reads_body(self, model: str) -> bool:
+        """Whether routing a request naming ``model`` reads its body beyond the name and the
+        tier hint (False: the name settles the tier, and another dialect's request needs no
+        chat view for the router). Raises :class:`ModelNotFoundError` as :meth:`plan`."""
+        plan = self.plan(model)
+        return plan.route is None and plan.tier is None
+
     def _plan(self, model: str) -> NamePlan:
         policy = self.policy
         if not policy.routing.route_all and model != AUTO:

@@ -139,3 +139,13 @@ def test_unknown_names_are_not_kept_and_the_plans_are_bounded(monkeypatch: pytes
     for i in range(20):
         routed.plan(f"name-{i}")
         assert len(routed._plans) <= 8
+
+
+def test_only_a_name_the_body_can_route_needs_the_body() -> None:
+    router = Router(parse_policy(_policy([_RULES[0], _RULES[3]], True, True, True), "p"))
+    assert not router.reads_body("b")  # the first rule settles it
+    assert router.reads_body("a") and router.reads_body("auto")
+    plain = Router(parse_policy(_policy([], False, True, True), "p"))
+    assert not plain.reads_body("cheap") and not plain.reads_body("wide") and plain.reads_body("auto")
+    with pytest.raises(ModelNotFoundError):
+        plain.reads_body("nope")
