@@ -141,6 +141,9 @@ class PolicySnapshot:
     """Routes a request body to a tier and its deployments (``router.resolve(...)``)."""
     shaper: PolicyShaper = field(init=False, repr=False, compare=False)
     """Shapes a chat body per ``policy.shaping``."""
+    cache_active: bool = field(init=False, repr=False, compare=False)
+    """Whether any request may use the response cache (``policy.cache.active``, read once:
+    the request path's one check when it is off)."""
     _timeouts: dict[tuple[str, str | None], Timeouts] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +151,7 @@ class PolicySnapshot:
         # frozen: the compiled fields are set once, here, and never again
         object.__setattr__(self, "router", Router(policy))
         object.__setattr__(self, "shaper", PolicyShaper(policy.shaping, Placements.of(policy)))
+        object.__setattr__(self, "cache_active", policy.cache.active)
         tiers: list[str | None] = [None, *policy.tiers]
         object.__setattr__(
             self,

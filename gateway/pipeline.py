@@ -171,11 +171,11 @@ def _prepare(
     ctx.requested_model = body["model"]
     hints = pop_gateway_metadata(body)
     plan: CachePlan | None = None
-    cache_policy = ctx.snapshot.policy.cache
-    if cache_policy.active and stages.cache is not None:
+    snapshot = ctx.snapshot
+    if snapshot.cache_active and stages.cache is not None:
         key = ctx.key
         name = key.name if key else None
-        plan = plan_request(cache_policy, endpoint, body, headers, ctx.key_id, name, tools_json)
+        plan = plan_request(snapshot.policy.cache, endpoint, body, headers, ctx.key_id, name, tools_json)
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
     if schema is ChatCompletionRequest:
@@ -194,12 +194,15 @@ def _prepare(
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
         # The canonical tools shaping put in the body have the length of the client's: only
-        # keys moved. Another dialect's routing view has tools of another form.
+        # keys moved. Another dialect's routing view has tools of another form, and is made
+        # only when the router reads more than the model name and the hint.
         if dialect is None:
             view, tool_chars = body, len(tools_json) if tools_json is not None else None
+        elif not snapshot.router.reads_body(str(body.get("model", ""))):
+            view, tool_chars = body, None
         else:
             view, tool_chars = dialect.routing_view(body), None
-        route = ctx.snapshot.router.resolve(
+        route = snapshot.router.resolve(
             view, hint, dispatcher.available, dispatcher.pool.in_flight, tool_chars
         )
         _set_route(ctx, route)

@@ -23,11 +23,17 @@ class OpenAIProvider(Provider):
     """Whether the provider routes by ``prompt_cache_key`` (OpenAI does; others may reject it)."""
 
     def prepare(self, body: Mapping[str, Any], *, stream: bool, hints: CacheHints | None) -> PreparedRequest:
-        out = dict(body, model=self.upstream_model)
-        if hints is not None and hints.prefix_hash:
+        model = self.upstream_model
+        hinted = hints is not None and hints.prefix_hash
+        ask_usage = stream and self.deployment.stream_usage and not wants_usage(body)
+        if not hinted and not ask_usage and body.get("model") == model:
+            # Nothing to change: the parsed body goes as it is (no copy; nothing writes to it).
+            return PreparedRequest(body)
+        out = dict(body, model=model)
+        if hints is not None and hinted:
             self._add_cache_hints(out, hints)
         strip_usage = False
-        if stream and self.deployment.stream_usage and not wants_usage(out):
+        if ask_usage:
             out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
             strip_usage = True
         return PreparedRequest(out, strip_usage)

@@ -181,6 +181,17 @@ def _json_chars(value: object) -> int:
         return len(str(value))
 
 
+def tier_hint(body: Mapping[str, Any], hint: str | None) -> str | None:
+    """The tier the client asks for: ``hint`` (the header's) when given, else the body's
+    ``metadata.switchyard_tier``."""
+    if hint is None:
+        metadata = body.get("metadata")
+        if isinstance(metadata, dict):
+            given = metadata.get("switchyard_tier")
+            hint = given if isinstance(given, str) else None
+    return hint
+
+
 def structure(body: Mapping[str, Any], hint: str | None = None, tool_chars: int | None = None) -> Structure:
     """The body-shape features of a chat (or completions) request body. ``tool_chars``: the
     length of its tool list's compact JSON, when the caller knows it."""
@@ -210,11 +221,6 @@ def structure(body: Mapping[str, Any], hint: str | None = None, tool_chars: int 
     fmt = body.get("response_format")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     effort = body.get("reasoning_effort")
-    if hint is None:
-        metadata = body.get("metadata")
-        if isinstance(metadata, dict):
-            given = metadata.get("switchyard_tier")
-            hint = given if isinstance(given, str) else None
     return Structure(
         (total_chars + tool_chars) // 4,
         turns,
@@ -223,7 +229,7 @@ def structure(body: Mapping[str, Any], hint: str | None = None, tool_chars: int 
         isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"),
         limit if isinstance(limit, int) else None,
         _EFFORT.get(effort) if isinstance(effort, str) else None,
-        hint,
+        tier_hint(body, hint),
         str(body.get("model", "")),
         last_user,
     )

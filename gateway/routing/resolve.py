@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.errors import ModelNotFoundError
 from gateway.policy import Policy
 from gateway.routing.classifiers import Classifier, build
-from gateway.routing.features import Features, Structure, complete, structure
+from gateway.routing.features import STRUCTURE_FEATURES, Features, Structure, complete, structure, tier_hint
+from gateway.routing.rules import CompiledRule
 
 AUTO = "auto"
 
@@ -32,10 +33,19 @@ class Route:
     score: float | None = None
     threshold: float | None = None
     escalated_from: str | None = None
+    _header: str | None = field(default=None, init=False, compare=False, repr=False)
 
     def header(self) -> str:
         """The ``x-switchyard-route`` value, e.g. ``tier=strong; by=rule:has_tools`` or
         ``tier=fast; score=0.21; threshold=0.5``."""
+        written = self._header
+        if written is None:
+            # Written once: a route a NamePlan holds serves every request with its name.
+            written = self._written()
+            object.__setattr__(self, "_header", written)
+        return written
+
+    def _written(self) -> str:
         if self.tier is None:
             return f"deployment={self.deployments[0]}; by={self.reason}"
         if self.score is not None:
@@ -88,6 +98,30 @@ class Decision:
 _Choice = tuple[str, str, float | None, str | None]
 
 
+@dataclass(frozen=True, slots=True)
+class NamePlan:
+    """What routing decided once, per policy, for one model name: everything about a request
+    that the name alone settles, so that a request pays only for what its body can change.
+
+    A name that is not routed resolves to one deployment, or to a tier whose order is taken
+    per request (load, circuits). A routed name (``auto``, or any name with ``route_all``)
+    keeps only the rules it can match, their ``model`` conditions already tested; when the
+    first of them holds whatever the body says, the tier is settled too (unless the client
+    names a tier and ``honor_hint`` lets it)."""
+
+    routed: bool
+    route: Route | None = None
+    """The route of every request with this name (a deployment, a tier of one deployment)."""
+    tier: str | None = None
+    """The tier every request with this name goes to, its order taken per request."""
+    reason: str = "model"
+    rules: tuple[CompiledRule, ...] = ()
+
+
+_PLANS_KEPT = 1024
+"""Model names a router keeps plans for (a client with ``route_all`` may send any name)."""
+
+
 class Router:
     """The routing decision for one policy, its classifier and rules built once (a loaded
     policy's snapshot holds its router)."""
@@ -97,6 +131,56 @@ class Router:
         spec = policy.routing.classifier
         self.classifier: Classifier | None = build(spec) if spec is not None else None
         self._rules = tuple(rule.compiled() for rule in policy.routing.rules)
+        self._plans: dict[str, NamePlan] = {}
+
+    def plan(self, model: str) -> NamePlan:
+        """The plan for requests naming ``model``, made on its first request. Raises
+        :class:`ModelNotFoundError` for a name the policy does not know (never kept)."""
+        found = self._plans.get(model)
+        if found is None:
+            found = self._plan(model)
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            self._plans[model] = found
+        return found
+
+    def reads_body(self, model: str) -> bool:
+        """Whether routing a request naming ``model`` reads its body beyond the name and the
+        tier hint (False: the name settles the tier, and another dialect's request needs no
+        chat view for the router). Raises :class:`ModelNotFoundError` as :meth:`plan`."""
+        plan = self.plan(model)
+        return plan.route is None and plan.tier is None
+
+    def _plan(self, model: str) -> NamePlan:
+        policy = self.policy
+        if not policy.routing.route_all and model != AUTO:
+            name = policy.aliases.get(model, model)
+            if name in policy.deployments:
+                return NamePlan(False, Route(tier=None, deployments=(name,), reason="model"))
+            if name not in policy.tiers:
+                raise ModelNotFoundError(model)
+            return self._tier_plan(False, name, "model")
+        rules: list[CompiledRule] = []
+        for rule in self._rules:
+            if not all(test(model) for key, test in rule.tests if key == "model"):
+                continue  # never matches this name
+            tests = tuple((key, test) for key, test in rule.tests if key != "model")
+            if not tests and not rules:
+                # Holds for every body with this name: the tier is settled.
+                return self._tier_plan(True, rule.tier, rule.reason)
+            structural = all(key in STRUCTURE_FEATURES for key, _ in tests)
+            rules.append(replace(rule, tests=tests, structural=structural))
+            if not tests:
+                break  # holds for every body: the rules after it are never reached
+        if not rules and self.classifier is None:
+            return self._tier_plan(True, policy.routing.default_tier, "default")
+        return NamePlan(True, rules=tuple(rules))
+
+    def _tier_plan(self, routed: bool, tier: str, reason: str) -> NamePlan:
+        members = self.policy.tiers[tier]
+        if len(members) == 1:  # one order whatever the load and the circuits say
+            return NamePlan(routed, Route(tier, (members[0].deployment,), reason), tier, reason)
+        return NamePlan(routed, tier=tier, reason=reason)
 
     def decide(self, body: Mapping[str, Any], hint: str | None = None) -> Decision:
         """The tier for a body and why, with all of its features (``route explain``)."""
@@ -105,14 +189,20 @@ class Router:
         tier, reason, score, rule = self._choose(shape, features)
         return Decision(tier, reason, features, score=score, rule=rule)
 
-    def _choose(self, shape: Structure, features: Features | None = None) -> _Choice:
+    def _choose(
+        self,
+        shape: Structure,
+        features: Features | None = None,
+        rules: tuple[CompiledRule, ...] | None = None,
+    ) -> _Choice:
         """The tier, the reason, the score and the rule: the text features are read only when
         a rule on them, or a classifier that reads them, is reached (``features``, when
-        given, are the complete features of ``shape``)."""
+        given, are the complete features of ``shape``; ``rules``, the rules left to try,
+        default every rule)."""
         routing = self.policy.routing
         if routing.honor_hint and shape.hint in self.policy.tiers:
             return shape.hint, "hint", None, None
-        for rule in self._rules:
+        for rule in self._rules if rules is None else rules:
             if rule.structural:
                 matched = rule.matches(shape)
             else:
@@ -139,15 +229,17 @@ class Router:
         policy does not know. ``tool_chars``: the length of the body's tool list as compact
         JSON, when the caller knows it (:func:`~gateway.routing.features.structure`)."""
         policy = self.policy
-        model = str(body.get("model", ""))
-        if not policy.routing.route_all and model != AUTO:
-            name = policy.aliases.get(model, model)
-            if name in policy.deployments:
-                return Route(tier=None, deployments=(name,), reason="model")
-            if name not in policy.tiers:
-                raise ModelNotFoundError(model)
-            return Route(name, order_tier(policy, name, available, in_flight), "model")
-        tier, reason, score, _ = self._choose(structure(body, hint, tool_chars))
+        plan = self.plan(str(body.get("model", "")))
+        if plan.tier is not None or plan.route is not None:
+            if plan.routed and policy.routing.honor_hint:
+                hinted = tier_hint(body, hint)
+                if hinted in policy.tiers:
+                    return Route(hinted, order_tier(policy, hinted, available, in_flight), "hint")
+            if plan.route is not None:
+                return plan.route
+            assert plan.tier is not None
+            return Route(plan.tier, order_tier(policy, plan.tier, available, in_flight), plan.reason)
+        tier, reason, score, _ = self._choose(structure(body, hint, tool_chars), rules=plan.rules)
         deployments = order_tier(policy, tier, available, in_flight)
         if score is not None:
             return Route(tier, deployments, "score", score, policy.routing.threshold)

@@ -115,3 +115,35 @@ def test_finish_hands_one_record_to_every_sink() -> None:
     finish(stages, ctx)
     assert len(seen[0]) == 1 and seen[0] == seen[1] and seen[0][0] is seen[1][0]
     assert seen[0][0].deployment == "d-fast" and ctx.finished_at is not None
+
+
+class _Dialect:
+    """Another endpoint's dialect: counts the chat views the router asked for."""
+
+    def __init__(self) -> None:
+        self.views = 0
+
+    def routing_view(self, body: Any) -> dict[str, Any]:
+        self.views += 1
+        return {"model": body["model"], "messages": body["messages"]}
+
+    def adapt(self, inner: Any) -> Any:
+        return inner
+
+
+def test_another_dialects_chat_view_is_made_only_when_the_router_reads_the_body() -> None:
+    routed = PolicySnapshot(
+        policy=parse_policy(
+            "deployments: {d-fast: {base_url: 'http://x'}, d-strong: {base_url: 'http://x'}}\n"
+            "tiers: {fast: [d-fast], strong: [d-strong]}\nrouting: {classifier: {bias: 2.0}}\n",
+            "p",
+        ),
+        source="p",
+        digest="d",
+        version=1,
+    )
+    for model, views, tier in (("d-fast", 0, None), ("fast", 0, "fast"), ("auto", 1, "strong")):
+        dialect, ctx = _Dialect(), RequestContext(request_id="r", endpoint="/v1/responses", snapshot=routed)
+        stages = _stages(_Dispatcher(ANSWER))
+        asyncio.run(run_unary(stages, ctx, ChatCompletionRequest, "/responses", _chat(model), {}, dialect))
+        assert (dialect.views, ctx.tier) == (views, tier), model

@@ -33,6 +33,12 @@ def test_the_snapshot_holds_the_compiled_router_and_shaper() -> None:
     assert route.tier == "strong"
 
 
+def test_whether_the_response_cache_applies_is_read_once_at_load() -> None:
+    assert not snapshot().cache_active
+    assert snapshot(POLICY + "cache: {enabled: true}\n").cache_active
+    assert snapshot(POLICY + "cache: {tiers: {fast: {enabled: true}}}\n").cache_active
+
+
 def test_timeouts_are_resolved_at_load_for_every_deployment_and_tier() -> None:
     snap = snapshot()
     for name in ("f", "s"):

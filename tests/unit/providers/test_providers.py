@@ -32,6 +32,23 @@ def test_openai_sends_its_model_cache_key_and_asks_for_stream_usage() -> None:
     assert prepared.body["stream_options"] == {"include_usage": True} and prepared.strip_usage
 
 
+def test_a_body_with_nothing_to_change_is_sent_as_parsed_and_others_are_copied() -> None:
+    provider = OpenAIProvider("d", deployment())  # type: ignore[arg-type]
+    body = {"model": "up", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    assert provider.prepare(body, stream=True, hints=None).body is body
+    assert provider.prepare(body, stream=False, hints=None).body is body
+    # Each change is made on a copy: hedged attempts share the client's body.
+    for given, stream, hints in (
+        ({"model": "fast", "messages": []}, False, None),
+        ({"model": "up", "messages": []}, True, None),
+        ({"model": "up", "messages": []}, False, HINTS),
+    ):
+        before = orjson.dumps(given)
+        prepared = provider.prepare(given, stream=stream, hints=hints)
+        assert prepared.body is not given and orjson.dumps(given) == before
+        assert prepared.body["model"] == "up"
+
+
 def test_vllm_differs_only_in_not_sending_prompt_cache_key() -> None:
     provider = VllmProvider("d", deployment("vllm"))  # type: ignore[arg-type]
     prepared = provider.prepare({"model": "fast", "messages": []}, stream=False, hints=HINTS)
