@@ -875,13 +875,13 @@ measure() {
   read -r app0 other0 <<<"$(group_cpu "$pgid")"
   read -r nginx0 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt0 idle0 <<<"$(machine_ticks)"
-  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && start_profilers "$label" "$pgid"
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full|cache)$ ]] && start_profilers "$label" "$pgid"
   children_cpu_ms
   wrk_ms0=$CHILD_MS
   run_wrk "$target" "$mode" "$conc" "$DURATION_S" "$label" >"$WORK/result.json"
   children_cpu_ms
   wrk_ms1=$CHILD_MS
-  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && wait_profilers
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full|cache)$ ]] && wait_profilers
   read -r app1 other1 <<<"$(group_cpu "$pgid")"
   read -r nginx1 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt1 idle1 <<<"$(machine_ticks)"
