@@ -28,7 +28,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "overhead",
         "overhead.sh",
         "the gateway's own cost: wrk through it and straight at a canned nginx upstream, in one run "
-        "(--full, --floor, --peers, --litellm, --workers N, --hold N add targets)",
+        "(--full, --floor, --peers, --litellm, --cache, --workers N, --hold N add targets)",
     ),
     Scenario(
         "shaping",

@@ -14,8 +14,13 @@
 # gateway's own upstream client. --peers adds Portkey's gateway (Node). --hold N holds N SSE
 # streams open at once through every target (bench/hold.py) and reports completions, time to
 # first byte and peak RSS.
+# --cache adds a gateway with the response cache on (`cache`, the gateway's policy plus
+# `cache: {enabled: true}`) and two modes of deterministic requests (temperature 0) through
+# direct, gateway (cache off) and cache: `cache-hit`, one body again and again (stored by the
+# warm-up), and `cache-miss`, every body different (a counter in the prompt), so every one
+# is a miss and a store. The report adds the response cache's targets (issue 55).
 #
-# Usage: bash bench/overhead.sh [--litellm] [--peers] [--floor] [--full] [--full-minus shaping|routing|prices]
+# Usage: bash bench/overhead.sh [--litellm] [--peers] [--floor] [--full] [--full-minus shaping|routing|prices] [--cache]
 #                               [--workers N] [--duration S]
 #                               [--out FILE] [--warmup S] [--concurrency "1 16 64"]
 #                               [--stream-concurrency "16 64"] [--modes "nonstream stream"|none]
@@ -39,6 +44,7 @@ USE_PEERS=0
 USE_FLOOR=0
 USE_FULL=0
 FULL_MINUS=""
+USE_CACHE=0
 HOLD_STREAMS=0
 HOLD_RAMP_S=2
 STREAM_CONCURRENCY=""
@@ -73,6 +79,7 @@ while [[ $# -gt 0 ]]; do
     --peers) USE_PEERS=1 ;;
     --floor) USE_FLOOR=1 ;;
     --full) USE_FULL=1 ;;
+    --cache) USE_CACHE=1 ;;
     --full-minus) FULL_MINUS=${2:?--full-minus needs shaping, routing or prices}; USE_FULL=1; shift ;;
     --hold) HOLD_STREAMS=${2:?--hold needs a number of streams}; shift ;;
     --hold-ramp) HOLD_RAMP_S=${2:?--hold-ramp needs seconds}; shift ;;
@@ -111,9 +118,17 @@ done
 # --modes none: no wrk runs (e.g. only --hold).
 [[ $MODES == none ]] && MODES=""
 for m in $MODES; do
-  [[ $m == nonstream || $m == stream || $m == responses || $m == resp-stream ]] ||
-    die "--modes: unknown mode '$m' (nonstream, stream, responses, resp-stream)"
+  [[ $m == nonstream || $m == stream || $m == responses || $m == resp-stream || $m == cache-hit || $m == cache-miss ]] ||
+    die "--modes: unknown mode '$m' (nonstream, stream, responses, resp-stream, cache-hit, cache-miss)"
+  [[ $m != cache-* || $USE_CACHE == 1 ]] || die "--modes $m needs --cache"
 done
+# --cache runs its two modes after the others (unless --modes names them).
+if [[ $USE_CACHE == 1 ]]; then
+  for m in cache-hit cache-miss; do
+    [[ " $MODES " == *" $m "* ]] || MODES="${MODES:+$MODES }$m"
+  done
+fi
+is_cache_mode() { [[ $1 == cache-hit || $1 == cache-miss ]]; }
 for c in $CONCURRENCY $STREAM_CONCURRENCY; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: not a number: '$c'"
 done
@@ -334,7 +349,7 @@ done
 
 # --- canned upstream ----------------------------------------------------------------------
 
-read -r JSON_PORT SSE_PORT GW_PORT LL_PORT FULL_PORT PK_PORT FLOOR_PORT RAW_PORT <<<"$(free_ports 8)"
+read -r JSON_PORT SSE_PORT GW_PORT LL_PORT FULL_PORT PK_PORT FLOOR_PORT RAW_PORT CACHE_PORT <<<"$(free_ports 9)"
 mkdir -p "$WORK/nginx/tmp"
 sed -e "s/@JSON_PORT@/$JSON_PORT/g" -e "s/@SSE_PORT@/$SSE_PORT/g" \
   "$BENCH_DIR/nginx/nginx.conf.template" >"$WORK/nginx/nginx.conf"
@@ -465,10 +480,22 @@ if [[ $USE_FULL == 1 ]]; then
   start_gateway full "$WORK/policy-full.yaml" "$FULL_PORT"
   FULL_PID=$START_PID
 fi
+# --cache: the same policy as the gateway's, with the response cache on for every deployment.
+CACHE_PID=""
+CACHE_KEY=sk-bench-dummy
+if [[ $USE_CACHE == 1 ]]; then
+  cp "$WORK/policy.yaml" "$WORK/policy-cache.yaml"
+  printf 'cache: {enabled: true}\n' >>"$WORK/policy-cache.yaml"
+  start_gateway cache "$WORK/policy-cache.yaml" "$CACHE_PORT"
+  CACHE_PID=$START_PID
+fi
 if [[ $KEY_MODE != none ]]; then
   GW_KEY=$(create_key "$GW_PORT") || die "could not create a virtual key for --key $KEY_MODE"
   if [[ -n $FULL_PID ]]; then
     FULL_KEY=$(create_key "$FULL_PORT") || die "could not create a virtual key for --key $KEY_MODE"
+  fi
+  if [[ -n $CACHE_PID ]]; then
+    CACHE_KEY=$(create_key "$CACHE_PORT") || die "could not create a virtual key for --key $KEY_MODE"
   fi
   log "virtual key ($KEY_MODE) created"
 fi
@@ -634,13 +661,14 @@ TARGETS=(direct gateway)
 # Mode `hold` is the paced stream of --hold (nginx's /slow/v1).
 target_url() {
   case "$1:$2" in
-    direct:nonstream) echo "http://127.0.0.1:$JSON_PORT/v1/chat/completions" ;;
+    direct:nonstream | direct:cache-*) echo "http://127.0.0.1:$JSON_PORT/v1/chat/completions" ;;
     direct:stream) echo "http://127.0.0.1:$SSE_PORT/v1/chat/completions" ;;
     direct:hold) echo "http://127.0.0.1:$SSE_PORT/slow/v1/chat/completions" ;;
     gateway:responses | gateway:resp-stream) echo "http://127.0.0.1:$GW_PORT/v1/responses" ;;
     gateway:*) echo "http://127.0.0.1:$GW_PORT/v1/chat/completions" ;;
     full:responses | full:resp-stream) echo "http://127.0.0.1:$FULL_PORT/v1/responses" ;;
     full:*) echo "http://127.0.0.1:$FULL_PORT/v1/chat/completions" ;;
+    cache:*) echo "http://127.0.0.1:$CACHE_PORT/v1/chat/completions" ;;
     portkey:*) echo "http://127.0.0.1:$PK_PORT/v1/chat/completions" ;;
     floor:*) echo "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" ;;
     floor-raw:*) echo "http://127.0.0.1:$RAW_PORT/v1/chat/completions" ;;
@@ -654,9 +682,12 @@ target_model() {
     *) echo canned ;;
   esac
 }
-# mode_targets MODE: the targets a mode runs on (the Responses modes only on Switchyard).
+# mode_targets MODE: the targets a mode runs on (the Responses modes only on Switchyard; the
+# cache modes on direct, the gateway with the cache off and the one with it on).
 mode_targets() {
-  if [[ $1 == responses || $1 == resp-stream ]]; then
+  if is_cache_mode "$1"; then
+    echo direct gateway cache
+  elif [[ $1 == responses || $1 == resp-stream ]]; then
     echo gateway
     [[ -z $FULL_PID ]] || echo full
   else
@@ -668,6 +699,7 @@ target_pgid() {
     direct) echo "$NGINX_PID" ;;
     gateway) echo "$GW_PID" ;;
     full) echo "$FULL_PID" ;;
+    cache) echo "$CACHE_PID" ;;
     portkey) echo "$PK_PID" ;;
     floor) echo "$FLOOR_PID" ;;
     floor-raw) echo "$RAW_PID" ;;
@@ -679,6 +711,7 @@ target_key() {
     litellm) echo "$LL_KEY" ;;
     gateway) echo "$GW_KEY" ;;
     full) echo "$FULL_KEY" ;;
+    cache) echo "$CACHE_KEY" ;;
     *) echo sk-bench-dummy ;;
   esac
 }
@@ -711,6 +744,8 @@ for mode in $MODES; do
     req="{\"model\":\"$model\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
     [[ $mode == responses || $mode == resp-stream ]] &&
       req="{\"model\":\"$model\",\"stream\":$stream,\"store\":false,\"input\":\"hi\"}"
+    is_cache_mode "$mode" &&
+      req="{\"model\":\"$model\",\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
     out=$WORK/sanity-$target-$mode.out
     extra=()
     IFS='|' read -r -a hdrs <<<"$(target_headers "$target" "$mode")"
@@ -737,7 +772,8 @@ for mode in $MODES; do
       complete=$(grep -q '"choices"' "$out" && echo true || echo false)
     fi
     # Switchyard says where it routed (the full gateway: through the router).
-    route=$(tr -d '\r' <"$out.headers" 2>/dev/null | awk -F': ' 'tolower($1) == "x-switchyard-route" { print "; route: " $2 }')
+    route=$(tr -d '\r' <"$out.headers" 2>/dev/null |
+      awk -F': ' 'tolower($1) == "x-switchyard-route" { print "; route: " $2 } tolower($1) == "x-switchyard-cache" { print "; cache: " $2 }' | tr -d '\n')
     log "check $target $mode: HTTP $code, $bytes bytes, complete=$complete, SSE data lines=$events, usage chunks=$usage_chunk$route"
     printf '{"target":"%s","mode":"%s","status":%d,"bytes":%d,"complete":%s,"sse_events":%d,"usage_chunks":%d}\n' \
       "$target" "$mode" "$code" "$bytes" "$complete" "$events" "$usage_chunk" >>"$WORK/sanity.jsonl"
@@ -762,8 +798,12 @@ run_wrk() {
   # LiteLLM at c=256 queues for longer than 10 s; a timeout there would count as an error.
   [[ $target == litellm ]] && timeout=60s
   # In the background and waited for, so that a signal reaches the trap at once.
+  # The cache modes: deterministic requests (temperature 0); cache-miss makes each one unique.
+  local temperature=0.2 unique=0
+  is_cache_mode "$mode" && temperature=0
+  [[ $mode == cache-miss ]] && unique=1
   BENCH_MODEL=$(target_model "$target" "$mode") BENCH_LABEL=$label BENCH_API_KEY=$(target_key "$target") \
-    BENCH_HEADERS=$(target_headers "$target" "$mode") \
+    BENCH_HEADERS=$(target_headers "$target" "$mode") BENCH_TEMPERATURE=$temperature BENCH_UNIQUE=$unique \
     "$WRK" -t"$(wrk_threads "$conc")" -c"$conc" -d"${secs}s" --timeout "$timeout" \
     -s "$(mode_script "$mode")" "$(target_url "$target" "$mode")" >"$wlog" 2>&1 &
   WRK_PID=$!
@@ -790,6 +830,13 @@ if ((WARMUP_S > 0)); then
       run_wrk "$target" "$mode" 16 "$WARMUP_S" "warmup-$target-$mode" >/dev/null
     done
   done
+fi
+
+# cache-hit measures hits: the first request of the warm-up stores the entry every later
+# one is answered from. Without a warm-up, one second of the same load does it.
+if [[ $WARMUP_S == 0 && " $MODES " == *" cache-hit "* ]]; then
+  log "warm-up: cache cache-hit, 1s at c=1 (stores the entry the hits are answered from)"
+  run_wrk cache cache-hit 1 1 warmup-cache-cache-hit >/dev/null
 fi
 
 RUNS=$WORK/runs.jsonl
@@ -828,13 +875,13 @@ measure() {
   read -r app0 other0 <<<"$(group_cpu "$pgid")"
   read -r nginx0 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt0 idle0 <<<"$(machine_ticks)"
-  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && start_profilers "$label" "$pgid"
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full|cache)$ ]] && start_profilers "$label" "$pgid"
   children_cpu_ms
   wrk_ms0=$CHILD_MS
   run_wrk "$target" "$mode" "$conc" "$DURATION_S" "$label" >"$WORK/result.json"
   children_cpu_ms
   wrk_ms1=$CHILD_MS
-  [[ $PROFILE == 1 && $target =~ ^(gateway|full)$ ]] && wait_profilers
+  [[ $PROFILE == 1 && $target =~ ^(gateway|full|cache)$ ]] && wait_profilers
   read -r app1 other1 <<<"$(group_cpu "$pgid")"
   read -r nginx1 _ <<<"$(group_cpu "$NGINX_PID")"
   read -r mt1 idle1 <<<"$(machine_ticks)"
@@ -920,6 +967,9 @@ if [[ -n $LL_PID ]]; then read -r ll_rss _ ll_procs <<<"$(group_rss "$LL_PID")";
 full_rss=0
 full_procs=0
 if [[ -n $FULL_PID ]]; then read -r full_rss _ full_procs <<<"$(group_rss "$FULL_PID")"; fi
+cache_rss=0
+cache_procs=0
+if [[ -n $CACHE_PID ]]; then read -r cache_rss _ cache_procs <<<"$(group_rss "$CACHE_PID")"; fi
 pk_rss=0
 pk_procs=0
 if [[ -n $PK_PID ]]; then read -r pk_rss _ pk_procs <<<"$(group_rss "$PK_PID")"; fi
@@ -933,14 +983,14 @@ cat >"$WORK/meta.json" <<EOF
 {
   "timestamp_utc": "$STAMP",
   "host": {"nproc": $(nproc), "cpu_model": "$cpu_model", "kernel": "$(uname -r)", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)},
-  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "full_minus": "$FULL_MINUS", "peers": $USE_PEERS, "floor": $USE_FLOOR, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
+  "settings": {"key": "$KEY_MODE", "workers": $WORKERS, "wrk_threads": $WRK_THREADS, "repeat": $REPEAT, "duration_s": $DURATION_S, "warmup_s": $WARMUP_S, "concurrency": [${CONCURRENCY// /, }], "stream_concurrency": [${STREAM_CONCURRENCY// /, }], "full": $USE_FULL, "full_minus": "$FULL_MINUS", "cache": $USE_CACHE, "peers": $USE_PEERS, "floor": $USE_FLOOR, "hold_streams": $HOLD_STREAMS, "hold_ramp_s": $HOLD_RAMP_S, "modes": ["${MODES// /\", \"}"], "clk_tck": $CLK_TCK},
   "versions": {"nginx": "$("$NGINX" -v 2>&1 | sed 's/.*nginx\///')", "wrk": "$("$WRK" -v 2>&1 | head -n 1 | awk '{ print $2 }')", "switchyard_git": "$git_rev", "switchyard_git_dirty": $git_dirty, "litellm": "$LITELLM_VERSION", "portkey": "$PORTKEY_VERSION", "node": "$([[ -n $NODE ]] && "$NODE" --version 2>/dev/null)"},
   "machine_busy_before_pct": $BUSY_BEFORE,
   "load_average_before": "$LOAD_BEFORE",
   "litellm_status": "$LITELLM_STATUS",
   "portkey_status": "$PORTKEY_STATUS",
   "gateway_warning": "${GW_HEALTHZ_WARNING:-}",
-  "rss_after_kb": {"gateway": $gw_rss, "gateway_processes": $gw_procs, "gateway_embedded_redis": $gw_redis_rss, "litellm": $ll_rss, "litellm_processes": $ll_procs, "full": $full_rss, "full_processes": $full_procs, "portkey": $pk_rss, "portkey_processes": $pk_procs}
+  "rss_after_kb": {"gateway": $gw_rss, "gateway_processes": $gw_procs, "gateway_embedded_redis": $gw_redis_rss, "litellm": $ll_rss, "litellm_processes": $ll_procs, "full": $full_rss, "full_processes": $full_procs, "cache": $cache_rss, "cache_processes": $cache_procs, "portkey": $pk_rss, "portkey_processes": $pk_procs}
 }
 EOF
 

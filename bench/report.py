@@ -43,6 +43,14 @@ ISSUE20 = {
     "full_over_pass_pct": 15.0,
 }
 
+# Issue 55's targets for the response cache (--cache): a hit's added p50 at c=1 against
+# direct, hits' req/s over misses' (same concurrency), a miss's CPU over the cache off.
+ISSUE55 = {
+    "hit_c1_added_p50_ms": 0.3,
+    "hit_over_miss_rps": 2.0,
+    "miss_cpu_us_over_off": 30.0,
+}
+
 Run = dict[str, Any]
 ByRun = dict[tuple[str, int], Run]  # a target's rows by (mode, concurrency)
 
@@ -120,6 +128,11 @@ def summarize(runs: list[Run]) -> list[Run]:
                 row[f"{name}_ms"] = _median([r["wrk"]["latency_ms"][name] for r in done])
             row["requests"] = sum(r["wrk"]["requests"] for r in done)
             row["errors"] = sum(r["wrk"]["errors"] for r in done)
+            # The x-switchyard-cache header of every answer, counted by value (wrk/common.lua).
+            if all("cache" in r["wrk"] for r in done):
+                row["cache_headers"] = {
+                    name: sum(r["wrk"]["cache"][name] for r in done) for name in done[0]["wrk"]["cache"]
+                }
             for name in (
                 "added_p50_ms",
                 "added_p99_ms",
@@ -347,6 +360,106 @@ def check_issue20(rows: list[Run], hold_rows: list[Run], minus: str = "") -> Che
     return checks
 
 
+def _cache_share(row: Run, outcome: str) -> float | None:
+    """The share of ``row``'s answers whose x-switchyard-cache header was ``outcome``."""
+    counts = row.get("cache_headers")
+    total = sum(counts.values()) if counts else 0
+    return counts.get(outcome, 0) / total if counts and total else None
+
+
+def cache_rows(rows: list[Run]) -> list[Run]:
+    """Per concurrency of the cache modes (--cache): the hit's added latency, hits' and
+    misses' req/s, and what a miss costs over the same unique requests with the cache off
+    (CPU of the gateway's worker(s), and of its embedded Redis apart)."""
+    on, off = runs_of(rows, "cache"), runs_of(rows, "gateway")
+    out = []
+    for conc in sorted({c for (m, c) in on if m in ("cache-hit", "cache-miss")}):
+        hit, miss = on.get(("cache-hit", conc)), on.get(("cache-miss", conc))
+        base, hit_base = off.get(("cache-miss", conc)), off.get(("cache-hit", conc))
+        row: Run = {"concurrency": conc}
+        if hit:
+            row["hit_rps"] = hit["rps"]
+            row["hit_added_p50_ms"] = hit.get("added_p50_ms")
+            row["hit_added_p99_ms"] = hit.get("added_p99_ms")
+            row["hit_cpu_ms_per_request"] = hit.get("cpu_ms_per_request")
+            row["hit_share"] = _cache_share(hit, "hit")
+            mine = hit.get("cpu_ms_per_request")
+            theirs = hit_base.get("cpu_ms_per_request") if hit_base else None
+            if mine is not None and theirs is not None:
+                row["hit_cpu_us_over_off"] = 1000.0 * (mine - theirs)
+        if miss:
+            row["miss_rps"] = miss["rps"]
+            row["miss_added_p50_ms"] = miss.get("added_p50_ms")
+            row["miss_cpu_ms_per_request"] = miss.get("cpu_ms_per_request")
+            row["store_share"] = _cache_share(miss, "store")
+        if hit and miss and miss["rps"]:
+            row["hit_over_miss_rps"] = hit["rps"] / miss["rps"]
+        if miss and base:
+            row["off_rps"] = base["rps"]
+            mine, theirs = miss.get("cpu_ms_per_request"), base.get("cpu_ms_per_request")
+            if mine is not None and theirs is not None:
+                row["miss_cpu_us_over_off"] = 1000.0 * (mine - theirs)
+            mine, theirs = miss.get("redis_cpu_ms_per_request"), base.get("redis_cpu_ms_per_request")
+            if mine is not None and theirs is not None:
+                row["miss_redis_cpu_us_over_off"] = 1000.0 * (mine - theirs)
+        out.append(row)
+    return out
+
+
+def check_issue55(crows: list[Run]) -> Checks:
+    """Issue 55's targets, from :func:`cache_rows`."""
+    checks = Checks()
+    for row in crows:
+        conc = row["concurrency"]
+        if conc == 1 and "hit_rps" in row:
+            checks.add(
+                "cache hit c=1 added p50 ms",
+                row.get("hit_added_p50_ms"),
+                ISSUE55["hit_c1_added_p50_ms"],
+                True,
+            )
+        if "hit_over_miss_rps" in row:
+            checks.add(
+                f"cache hits/misses req/s c={conc}",
+                row["hit_over_miss_rps"],
+                ISSUE55["hit_over_miss_rps"],
+                False,
+            )
+        if "miss_cpu_us_over_off" in row:
+            checks.add(
+                f"cache miss cpu us/req over cache off c={conc}",
+                row["miss_cpu_us_over_off"],
+                ISSUE55["miss_cpu_us_over_off"],
+                True,
+            )
+    return checks
+
+
+def _pct(share: float | None) -> str:
+    return fmt(None if share is None else 100 * share, ".0f", "%")
+
+
+def cache_table(crows: list[Run]) -> str:
+    """The cache modes' numbers, a line per concurrency."""
+    head = (
+        f"  {'conc':>4}  {'hit +p50':>8}  {'hit +p99':>8}  {'hit/s':>7}  {'miss/s':>7}  {'off/s':>7}"
+        f"  {'hit/miss':>8}  {'hit cpu':>8}  {'miss cpu':>8}  {'redis':>6}  {'hits':>5}  {'stored':>6}"
+    )
+    lines = [head]
+    for r in crows:
+        share = [_pct(r.get(k)) for k in ("hit_share", "store_share")]
+        lines.append(
+            f"  {r['concurrency']:>4}  {fmt(r.get('hit_added_p50_ms'), '+.3f'):>8}"
+            f"  {fmt(r.get('hit_added_p99_ms'), '+.3f'):>8}  {fmt(r.get('hit_rps'), '.0f'):>7}"
+            f"  {fmt(r.get('miss_rps'), '.0f'):>7}  {fmt(r.get('off_rps'), '.0f'):>7}"
+            f"  {fmt(r.get('hit_over_miss_rps'), '.2f', 'x'):>8}"
+            f"  {fmt(r.get('hit_cpu_us_over_off'), '+.1f'):>8}"
+            f"  {fmt(r.get('miss_cpu_us_over_off'), '+.1f'):>8}"
+            f"  {fmt(r.get('miss_redis_cpu_us_over_off'), '+.1f'):>6}  {share[0]:>5}  {share[1]:>6}"
+        )
+    return "\n".join(lines)
+
+
 def summarize_hold(holds: list[Run]) -> list[Run]:
     """One row per target: medians over the rounds of bench/hold.py's results."""
     groups: dict[str, list[Run]] = {}
@@ -501,6 +614,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     checks = check_targets(rows)
     minus = s.get("full_minus") or ""
     issue20 = check_issue20(rows, hold_rows, minus)
+    crows = cache_rows(rows)
+    issue55 = check_issue55(crows)
     rss = meta["rss_after_kb"]
     rounds = f", median of {s['repeat']} rounds" if s.get("repeat", 1) > 1 else ""
     v = meta.get("versions", {})
@@ -573,6 +688,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             if lines:
                 print(f" {target} - {below}: {what}")
                 print("\n".join(lines))
+    if crows:
+        print()
+        print("Response cache (--cache; deterministic requests; cache-hit: one body, cache-miss: each new):")
+        print(cache_table(crows))
+        print("  hit +p50/+p99: the cache gateway's hits minus direct (ms); hit/s, miss/s: its req/s;")
+        print(
+            "  off/s: the cache-off gateway on the same unique bodies; hit cpu, miss cpu: a hit's (a miss's)"
+        )
+        print("  CPU over the cache-off gateway on the same bodies, us a request (the gateway's worker(s));")
+        print("  redis: a miss's over the cache off in the gateway's embedded Redis;")
+        print("  hits, stored: the share of answers whose x-switchyard-cache said hit, store.")
     print()
     print("Targets (set for one worker):" if s["workers"] != 1 else "Targets:")
     checks.show()
@@ -580,6 +706,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         print()
         print("Issue 20's targets:")
         issue20.show()
+    if issue55:
+        print()
+        print("Issue 55's targets (the response cache):")
+        issue55.show()
     comparison = None
     if args.baseline:
         comparison = compare_baseline(rows, args.baseline)
@@ -596,6 +726,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         "summary": rows,
         "targets": checks,
         "issue20_targets": issue20,
+        "cache_summary": crows,
+        "issue55_targets": issue55,
         "hold_summary": hold_rows,
         "hold_runs": holds,
         "hold_markdown_table": hold_table(hold_rows, markdown_out=True) if hold_rows else "",
@@ -608,7 +740,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not errors["ok"]:
         print("\nFAILED: some runs had errors (see errors_detail in the JSON and the wrk logs).")
         return 1
-    if args.strict and not all(c["ok"] for c in checks + issue20):
+    if args.strict and not all(c["ok"] for c in checks + issue20 + issue55):
         print("\nFAILED (--strict): a target was missed.")
         return 1
     return 0

@@ -133,8 +133,14 @@ async def open_stream(
     opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body, adapt)
     stages.shaping.prefix_hit(ctx)
     if plan is not None and plan.write and plan.key and stages.cache is not None:
-        policy = ctx.snapshot.policy.cache
-        return RecordingStream(stages.cache, plan, ctx, body, opened, policy, _template(ctx))
+        answering = _answering_plan(ctx, plan)
+        if answering is not None:
+            # The headers leave before the end: `store` says the answer will be kept if it
+            # ends whole and valid (RecordingStream sets what happened, for the stats).
+            answering.outcome = "store"
+            ctx.response_headers[CACHE_HEADER] = "store"
+            policy = ctx.snapshot.policy.cache
+            return RecordingStream(stages.cache, answering, ctx, body, opened, policy, _template(ctx))
     return opened
 
 
@@ -231,12 +237,33 @@ def _settle(ctx: RequestContext, plan: CachePlan, route: Route) -> None:
     """The cache plan for the deployment the route tries first (its model is in the key)."""
     policy = ctx.snapshot.policy
     name = route.deployments[0]
-    deployment = policy.deployments.get(name)
-    model = (deployment.model if deployment is not None else None) or name
-    settled = settle(plan, policy.cache, route.tier, name, model)
+    settled = settle(plan, policy.cache, route.tier, name, _model_of(ctx, name))
     if settled is not None:
         ctx.cache = settled
         ctx.response_headers[CACHE_HEADER] = settled.outcome
+
+
+def _model_of(ctx: RequestContext, name: str) -> str:
+    deployment = ctx.snapshot.policy.deployments.get(name)
+    return (deployment.model if deployment is not None else None) or name
+
+
+def _answering_plan(ctx: RequestContext, plan: CachePlan) -> CachePlan | None:
+    """The plan under which the answer is stored: the route's first deployment's, or, when
+    another one answered (a retry on the next deployment, a fallback tier), the key of that
+    deployment's model, as if the route had tried it first: an answer is only ever served
+    as the answer of the model that made it. None when that deployment's answers are not
+    cached (its tier's or its own setting)."""
+    name = ctx.deployment
+    if name is None or name == plan.deployment:
+        return plan
+    policy, route = ctx.snapshot.policy, ctx.route
+    tier = route.tier if route is not None else None
+    if route is not None and name not in route.deployments and tier is not None:
+        # The first fallback tier that has it, as the dispatcher lists its candidates.
+        chain = policy.dispatch.fallback.get(tier, ())
+        tier = next((t for t in chain if any(m.deployment == name for m in policy.tiers.get(t, ()))), tier)
+    return settle(plan, policy.cache, tier, name, _model_of(ctx, name))
 
 
 async def _lookup(stages: Stages, ctx: RequestContext, plan: CachePlan) -> Entry | None:
@@ -265,8 +292,12 @@ def _keep_unary(
     stages: Stages, ctx: RequestContext, plan: CachePlan, body: dict[str, Any], raw: bytes
 ) -> None:
     """Store a non-stream answer that may be kept; the header says whether it was."""
-    if stages.cache is None or not plan.key:
+    if stages.cache is None or not plan.key or ctx.escalated is not None:
         return
+    answering = _answering_plan(ctx, plan)
+    if answering is None:
+        return
+    plan = answering
     try:
         answer = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -12,6 +12,13 @@
 --                 the body must look complete (non-stream: has "choices"; stream: ends
 --                 with "data: [DONE]"). "0" skips the Lua callback (wrk then counts only
 --                 status >= 400, as errors.status).
+--   BENCH_TEMPERATURE the chat body's "temperature" (default 0.2; overhead.sh --cache sends 0,
+--                 a deterministic request the response cache keeps).
+--   BENCH_UNIQUE  "1" (chat bodies): every request's user turn ends with a reference unique
+--                 to this run, thread and request (same length each time), so no two
+--                 requests are alike: a response cache misses on every one.
+--   With BENCH_CHECK, the x-switchyard-cache header of every answer is counted by value
+--   ("cache" in the summary: hit, store, miss, bypass, none).
 --
 -- wrk runs this file once per thread (request/response) and once more in the main
 -- state (setup/done); counters are per-thread globals that done() collects.
@@ -81,7 +88,8 @@ function M.body(stream, history, user_turn)
     ',"messages":[{"role":"system","content":', json_string(M.system_prompt), "}",
     history or "",
     ',{"role":"user","content":', json_string(user_turn or M.user_turn), "}]",
-    ',"temperature":0.2,"max_tokens":256,"user":"bench-user-0042"',
+    ',"temperature":', os.getenv("BENCH_TEMPERATURE") or "0.2",
+    ',"max_tokens":256,"user":"bench-user-0042"',
     ',"stream":', stream and "true" or "false",
     "}",
   })
@@ -123,12 +131,25 @@ local function conversations(stream)
   end
 end
 
+-- BENCH_UNIQUE=1: the fixed body with a reference of fixed length at the end of the user
+-- turn, unique per run (seeded as above), thread and request.
+local function unique(stream)
+  if (os.getenv("BENCH_UNIQUE") or "0") ~= "1" then return nil end
+  math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)") or "0", 16) % 1000003)
+  local run, n = string.format("%09d", math.random(1e9) - 1), 0
+  return function()
+    n = n + 1
+    local turn = string.format("%s (ref %s-%09d)", M.user_turn, run, n)
+    return wrk.format(nil, nil, nil, M.body(stream, nil, turn))
+  end
+end
+
 -- Installs wrk's callbacks as globals. `stream` selects the body and the completeness check;
 -- `responses` posts the Responses API body and checks for its end instead.
 function M.install(stream, responses)
   wrk.method = "POST"
   wrk.body = responses and M.responses_body(stream) or M.body(stream)
-  if not responses then request = conversations(stream) end
+  if not responses then request = conversations(stream) or unique(stream) end
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Accept"] = stream and "text/event-stream" or "application/json"
   wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_API_KEY") or "sk-bench-dummy")
@@ -149,6 +170,17 @@ function M.install(stream, responses)
     non2xx = 0
     incomplete = 0
     responses = 0
+    cache_hit, cache_store, cache_miss, cache_bypass, cache_none = 0, 0, 0, 0, 0
+  end
+
+  -- The response cache's verdict on one answer (its x-switchyard-cache header), counted.
+  local function count_cache(headers)
+    local v = headers["x-switchyard-cache"] or headers["X-Switchyard-Cache"]
+    if v == nil then cache_none = cache_none + 1
+    elseif v:sub(1, 3) == "hit" then cache_hit = cache_hit + 1
+    elseif v == "store" then cache_store = cache_store + 1
+    elseif v == "miss" then cache_miss = cache_miss + 1
+    else cache_bypass = cache_bypass + 1 end
   end
 
   if check then
@@ -156,6 +188,7 @@ function M.install(stream, responses)
     if responses then marker = stream and "event: response.completed" or '"output"' end
     function response(status, headers, body)
       responses = responses + 1
+      count_cache(headers)
       if status < 200 or status > 299 then
         non2xx = non2xx + 1
       elseif body == nil or not body:find(marker, 1, true) then
@@ -166,10 +199,12 @@ function M.install(stream, responses)
 
   function done(summary, latency, requests)
     local n2, inc, seen = 0, 0, 0
+    local cache = { hit = 0, store = 0, miss = 0, bypass = 0, none = 0 }
     for _, t in ipairs(threads) do
       n2 = n2 + (t:get("non2xx") or 0)
       inc = inc + (t:get("incomplete") or 0)
       seen = seen + (t:get("responses") or 0)
+      for name in pairs(cache) do cache[name] = cache[name] + (t:get("cache_" .. name) or 0) end
     end
     local e = summary.errors
     if not check then n2 = e.status end
@@ -182,9 +217,11 @@ function M.install(stream, responses)
       'BENCH_RESULT {"label":%s,"requests":%d,"duration_s":%.3f,"rps":%.1f,"bytes":%d,'
         .. '"errors":%d,"errors_detail":{"connect":%d,"read":%d,"write":%d,"timeout":%d,'
         .. '"status":%d,"non2xx":%d,"incomplete":%d},"checked":%s,"checked_responses":%d,'
+        .. '"cache":{"hit":%d,"store":%d,"miss":%d,"bypass":%d,"none":%d},'
         .. '"latency_ms":{"mean":%s,"p50":%s,"p90":%s,"p99":%s,"p999":%s,"max":%s,"stdev":%s}}\n',
       json_string(label), summary.requests, secs, summary.requests / secs, summary.bytes,
       total, e.connect, e.read, e.write, e.timeout, e.status, n2, inc, tostring(check), seen,
+      cache.hit, cache.store, cache.miss, cache.bypass, cache.none,
       ms(latency.mean), ms(latency:percentile(50)), ms(latency:percentile(90)),
       ms(latency:percentile(99)), ms(latency:percentile(99.9)), ms(latency.max), ms(latency.stdev)))
   end

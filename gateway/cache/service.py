@@ -302,10 +302,12 @@ class RecordingStream:
             yield out
 
     def close(self) -> None:
-        """Close the upstream stream; store its answer if it ended whole."""
+        """Close the upstream stream; store its answer if it ended whole. The plan's outcome
+        (the stats') becomes ``miss`` when it was not stored (the header said ``store``)."""
         inner = self._inner
         inner.close()
         scanner = inner.scanner
+        self._plan.outcome = "miss"
         if not scanner.done or scanner.error is not None or scanner.malformed is not None:
             return
         self._ctx.usage = scanner.usage
@@ -319,17 +321,11 @@ class RecordingStream:
             except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
                 answer = None
             raw = orjson.dumps(answer) if answer is not None else b""
-        if answer is not None:
-            keep_answer(
-                self._cache,
-                self._plan,
-                self._ctx,
-                self._body,
-                answer,
-                raw,
-                self._policy,
-                self._template,
-            )
+        plan = self._plan
+        if answer is not None and keep_answer(
+            self._cache, plan, self._ctx, self._body, answer, raw, self._policy, self._template
+        ):
+            plan.outcome = "store"
 
 
 def unary_hit(plan: CachePlan, entry: Entry) -> UnaryResult:

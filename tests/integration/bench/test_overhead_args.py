@@ -39,3 +39,15 @@ def test_a_result_file_passes_the_check(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "nginx not found" in done.stderr
     assert "--baseline" not in done.stderr
+
+
+def test_a_cache_mode_without_cache_is_refused() -> None:
+    done = overhead("--modes", "cache-hit")
+    assert done.returncode == 2
+    assert "--modes cache-hit needs --cache" in done.stderr
+
+
+def test_cache_is_accepted_with_its_modes() -> None:
+    done = overhead("--cache")
+    assert done.returncode == 2
+    assert "nginx not found" in done.stderr
