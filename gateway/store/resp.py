@@ -2,10 +2,11 @@
 ``DEL`` on one pipelined connection, speaking RESP2 over an asyncio Protocol.
 
 A cache miss must cost the request almost nothing over the cache off (issue #55: 30 µs
-of CPU), and redis-py's asyncio client spends 150-200 µs of CPU per command (a pool
-checkout, a stream reader, a retry wrapper, timeout contexts). Here a command is one
-``transport.write`` and one future; a store is one write and no future at all; the
-reply is parsed in ``data_received``.
+of CPU), and redis-py's asyncio client spends 150-300 µs of CPU per command (a pool
+checkout, a stream reader, a retry wrapper, timeout contexts, a task per store). Here a
+lookup is one future; the commands of one turn of the event loop leave in one write (so
+do their replies, in one read); a store has no future and waits for the next command's
+write (at most ``_HOLD_S``); replies are parsed in ``data_received``.
 
 The bound is the request path's :class:`~gateway.store.gate.RedisGate`: a command not
 answered within ``gate.timeout_s`` (and two more turns of the event loop, as the gate
@@ -158,13 +159,15 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.transport: asyncio.Transport | None = None
         self.unsent: list[bytes] = []
-        """Commands sent while the connection opens, written once it is open."""
+        """Commands not written yet (written together; on connecting, after the handshake)."""
         self.waiters: deque[tuple[Any, float]] = deque()
         """Per command not yet answered: its future (None: nobody waits) and when it was sent."""
         self.answered = 0
         self.timer: asyncio.Handle | None = None
         """The watch on the oldest command's deadline."""
         self.flusher: asyncio.Handle | None = None
+        """The write of :attr:`unsent`: at the end of this turn, or a store's later one."""
+        self.soon = False
         self.rest = b""
         self.opening = loop.create_task(self._open())
 
@@ -181,15 +184,14 @@ class _Connection(asyncio.Protocol):
     # The commands
 
     def send(self, data: bytes, fut: Any) -> None:
-        """Write ``data`` now (with the stores held back, in order); ``fut`` gets its reply."""
-        transport = self.transport
-        if transport is None:
-            self.unsent.append(data)
-        elif self.unsent:
-            self.unsent.append(data)
-            self._flush()
-        else:
-            transport.write(data)
+        """Write ``data`` at the end of this turn of the loop, with every command sent in
+        it and the stores held back, in one write; ``fut`` gets its reply."""
+        self.unsent.append(data)
+        if not self.soon:
+            self.soon = True
+            if self.flusher is not None:
+                self.flusher.cancel()
+            self.flusher = self.loop.call_soon(self._flush)
         now = self.loop.time()
         self.waiters.append((fut, now))
         if self.timer is None:
@@ -203,13 +205,12 @@ class _Connection(asyncio.Protocol):
         self.waiters.append((None, now))
         if self.timer is None:
             self.timer = self.loop.call_at(now + self.gate.timeout_s, self._watch)
-        if self.flusher is None and self.transport is not None:
+        if self.flusher is None:
             self.flusher = self.loop.call_at(now + min(_HOLD_S, self.gate.timeout_s / 4), self._flush)
 
     def _flush(self) -> None:
-        if self.flusher is not None:
-            self.flusher.cancel()
-            self.flusher = None
+        self.soon = False
+        self.flusher = None
         if self.unsent and self.transport is not None:
             self.transport.write(b"".join(self.unsent))
             self.unsent = []

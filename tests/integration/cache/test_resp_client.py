@@ -68,7 +68,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
         srv.kill()
 
 
-def client_for(url: str, timeout_s: float = 0.05) -> RespClient:
+def client_for(url: str, timeout_s: float = 2.0) -> RespClient:
     client = fast_client(url, RedisGate(timeout_s))
     assert client is not None
     return client
