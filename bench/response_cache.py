@@ -83,7 +83,7 @@ def _cpu_us(fn: Any, runs: int) -> float:
 
 async def _redis_get_us(url: str, runs: int, how: str) -> float:
     redis = connect(url)
-    gate = RedisGate(0.05)
+    gate = RedisGate(1.0)  # the client's CPU, not the bound: a loaded machine must not trip it
     fast = fast_client(url, gate)
     assert fast is not None
     best = float("inf")
