@@ -3,7 +3,7 @@
     .venv/bin/python bench/response_cache.py [--runs 2000] [--requests 400] [--no-http]
 
 1. In process (no HTTP): the CPU a cache miss adds over the cache off, per request: the
-   plan and key (canonical JSON, two blake2b), the Redis ``GET`` (the cache's own RESP
+   plan and key (canonical JSON, SHA-256 and blake2b), the Redis ``GET`` (the cache's own RESP
    client, and redis-py through the gate for comparison, against a real redis-server
    child), the store's work (the answer parsed and checked, the entry encoded), and a
    whole miss (plan, ``GET``, store's ``SET``) through ``ResponseCache`` at concurrency 1
