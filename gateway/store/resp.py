@@ -178,7 +178,7 @@ class _Connection(asyncio.Protocol):
                 await self.loop.create_unix_connection(lambda: self, client.path)
             else:
                 await self.loop.create_connection(lambda: self, client.host, client.port)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # refused, unreachable, no such socket, a bad host
             self.abort(exc)
 
     # The commands

@@ -161,7 +161,7 @@ def test_an_error_reply_fails_only_its_own_command(server: Server) -> None:
 
 
 def test_a_killed_server_fails_commands_at_once_and_the_client_reconnects(server: Server) -> None:
-    gate = RedisGate(0.05)
+    gate = RedisGate(2.0)  # a bound far above "at once", so a loaded machine cannot blur the two
 
     async def run() -> tuple[float, float, bytes | None, int]:
         client = fast_client(server.url(), gate)
@@ -186,7 +186,7 @@ def test_a_killed_server_fails_commands_at_once_and_the_client_reconnects(server
         return lost, refused, got, client.connects
 
     lost, refused, got, connects = asyncio.run(run())
-    assert lost < 0.05 and refused < 0.05, (lost, refused)
+    assert lost < 0.5 and refused < 0.5, (lost, refused)
     assert got == b"after" and connects == 3
     assert gate.failed_calls == 2 and not gate.unreachable  # the answer after the restart
 
