@@ -94,6 +94,7 @@ class CachePolicy(StrictModel):
         default_factory=dict, description="Per namespace (a shared one, or k:<key id>)."
     )
     semantic: SemanticCache = Field(default_factory=SemanticCache)
+
     @functools.cached_property
     def active(self) -> bool:
         """Whether any request may use the cache (the request path's one check when off).
