@@ -1,12 +1,14 @@
 """What the response cache costs and saves (issue #55).
 
-    .venv/bin/python bench/response_cache.py [--runs 2000] [--requests 400]
+    .venv/bin/python bench/response_cache.py [--runs 2000] [--requests 400] [--no-http]
 
 1. In process (no HTTP): the CPU a cache miss adds over the cache off, per request: the
-   plan and key (canonical JSON, two blake2b), the Redis ``GET`` through the request
-   path's gate (redis-py's client CPU, against a real redis-server child), and the store's
-   work (the answer parsed and checked, the entry encoded, the ``SET`` task). For the
-   overhead benchmark's chat turn and for an agent's request (``bench/agent_request.py``).
+   plan and key (canonical JSON, SHA-256 and blake2b), the Redis ``GET`` (the cache's own RESP
+   client, and redis-py through the gate for comparison, against a real redis-server
+   child), the store's work (the answer parsed and checked, the entry encoded), and a
+   whole miss (plan, ``GET``, store's ``SET``) through ``ResponseCache`` at concurrency 1
+   and 16. For the overhead benchmark's chat turn and for an agent's request
+   (``bench/agent_request.py``).
 2. Over HTTP at concurrency 1 (one keep-alive connection, ``http.client``): the same
    request straight at the simulator (no latency, ``m:0:0``), through a gateway with the
    cache off, and through one with the cache on, as a miss that stores (``Cache-Control:
@@ -35,12 +37,13 @@ from agent_request import agent_body
 from gateway.cache.entry import Entry
 from gateway.cache.key import plan_request, settle
 from gateway.cache.policy import CachePolicy, missing_extra
-from gateway.cache.service import storable
+from gateway.cache.service import ResponseCache, keep_answer, storable
 from gateway.context import RequestContext
-from gateway.procutil import free_port, wait_http_ok
+from gateway.procutil import free_port, run_async, wait_http_ok
 from gateway.store import connect
 from gateway.store.embedded import EmbeddedRedis
 from gateway.store.gate import RedisGate
+from gateway.store.resp import fast_client
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {
@@ -78,18 +81,57 @@ def _cpu_us(fn: Any, runs: int) -> float:
     return best * 1e6
 
 
-async def _redis_get_us(url: str, runs: int, gated: bool) -> float:
+async def _redis_get_us(url: str, runs: int, how: str) -> float:
     redis = connect(url)
-    gate = RedisGate(0.05)
+    gate = RedisGate(1.0)  # the client's CPU, not the bound: a loaded machine must not trip it
+    fast = fast_client(url, gate)
+    assert fast is not None
     best = float("inf")
     for _ in range(3):
         t0 = time.process_time()
         for _ in range(runs):
-            if gated:
+            if how == "resp":
+                await fast.get("bench:rc:missing")
+            elif how == "gated":
                 await gate.call(lambda: redis.get("bench:rc:missing"))
             else:
                 await redis.get("bench:rc:missing")
         best = min(best, (time.process_time() - t0) / runs)
+    fast.close()
+    await redis.aclose()
+    return best * 1e6
+
+
+async def _miss_us(url: str, runs: int, concurrency: int, resp: bool) -> float:
+    """CPU per miss through :class:`ResponseCache`: plan and key, the lookup, the store."""
+    redis = connect(url)
+    # A bound a loaded machine never trips: a timeout would skip Redis and look cheap.
+    gate = RedisGate(1.0)
+    cache = ResponseCache(redis, gate, fast_client(url, gate) if resp else None)
+    policy = CachePolicy(enabled=True)
+    ctx: Any = RequestContext.__new__(RequestContext)
+    ctx.escalated, ctx.deployment, ctx.usage, ctx.key_id = None, "sim-fast", None, "k"
+    answer = orjson.loads(ANSWER)
+    serial = iter(range(10**9))
+    run = f"{concurrency}-{resp}-{time.time_ns()}"  # every prompt new: a miss
+
+    async def misses(count: int) -> None:
+        for _ in range(count):
+            body = {**CHAT, "messages": [{"role": "user", "content": f"Say hello {run} {next(serial)}."}]}
+            plan = plan_request(policy, "/chat/completions", body, {}, "k", None)
+            assert plan is not None and settle(plan, policy, "fast", "sim-fast", "m") is not None
+            assert await cache.lookup(plan) is None
+            keep_answer(cache, plan, ctx, body, answer, ANSWER, policy, None)
+
+    await misses(200)  # connected, warm
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.process_time()
+        await asyncio.gather(*(misses(runs // concurrency) for _ in range(concurrency)))
+        await cache.drain()
+        best = min(best, (time.process_time() - t0) / (runs // concurrency * concurrency))
+    assert not gate.failed_calls, "Redis timed out: the figures would not be a miss's"
+    cache.close()
     await redis.aclose()
     return best * 1e6
 
@@ -144,8 +186,13 @@ def in_process(runs: int) -> dict[str, float]:
     if missing_extra() is None:
         out.update(_semantic(runs))
     with EmbeddedRedis() as server:
-        out["Redis GET, redis-py alone (client CPU)"] = asyncio.run(_redis_get_us(server.url, runs, False))
-        out["Redis GET through the gate (client CPU)"] = asyncio.run(_redis_get_us(server.url, runs, True))
+        url = server.url
+        out["Redis GET, the cache's RESP client (client CPU)"] = run_async(_redis_get_us(url, runs, "resp"))
+        out["Redis GET, redis-py alone (client CPU)"] = run_async(_redis_get_us(url, runs, "redis-py"))
+        out["Redis GET, redis-py through the gate"] = run_async(_redis_get_us(url, runs, "gated"))
+        for conc in (1, 16):
+            for resp, client in ((True, "RESP client"), (False, "redis-py")):
+                out[f"a whole miss, c={conc}, {client}"] = run_async(_miss_us(url, runs, conc, resp))
     return out
 
 
@@ -237,10 +284,13 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--no-http", action="store_true", help="only the in-process part")
     args = parser.parse_args()
     print("CPU a miss adds, in process (us per request, best of 3):")
     for name, us in in_process(args.runs).items():
-        print(f"  {name:<45} {us:8.1f}")
+        print(f"  {name:<50} {us:8.1f}")
+    if args.no_http:
+        return
     print(f"\nOver HTTP, concurrency 1, {args.requests} requests each (p50 ms, req/s):")
     for name, (p50, rps) in over_http(args.requests).items():
         print(f"  {name:<45} {p50:8.3f} {rps:9.0f}")

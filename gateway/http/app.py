@@ -68,6 +68,7 @@ from gateway.store.fleet import FleetMember
 from gateway.store.gate import REDIS_FAULTS, RedisGate
 from gateway.store.policy import follow as follow_policy
 from gateway.store.policy import follow_once as follow_policy_once
+from gateway.store.resp import fast_client
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
@@ -123,10 +124,11 @@ async def _keys(app: web.Application) -> AsyncIterator[None]:
     keys = app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s, gate=gate)
     app[LIMITER] = Limiter(app[REDIS], app[STATS], gate)
     # The response cache's lookups share the gate: a frozen Redis is waited for once.
-    cache = app[RESPONSE_CACHE] = ResponseCache(app[REDIS], gate)
+    cache = app[RESPONSE_CACHE] = ResponseCache(app[REDIS], gate, fast_client(settings.redis_url or "", gate))
     async with _running(keys.watch_revocations(), "key-revocations"):
         yield
     await cache.drain()
+    cache.close()
 
 
 async def _policy(app: web.Application) -> AsyncIterator[None]:

@@ -65,16 +65,23 @@ class RedisGate:
         try:
             result = await _bounded(make(), self.timeout_s)
         except REDIS_FAULTS as exc:
-            self._failed(exc)
+            self.failed(exc)
             raise
+        if self._failures:
+            self.answered()
+        return result
+
+    def answered(self) -> None:
+        """Count an answer from Redis made without :meth:`call` (it bounded its own wait)."""
         if self._failures:
             if self._failures >= self._open_after:
                 _log.warning("redis_reachable_again", failed_calls=self.failed_calls)
             self._failures = 0
             self._closed_until = 0.0
-        return result
 
-    def _failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException) -> None:
+        """Count a call that failed with ``exc`` (made through :meth:`call`, or by a client
+        that bounds its own wait by :attr:`timeout_s`)."""
         self.failed_calls += 1
         self._failures += 1
         if self._failures >= self._open_after:
