@@ -107,15 +107,21 @@ class Accounting:
         self._minute = -1
         self._keys = ("", "")  # this minute's bucket key and its day's cost key
 
-    def _keys_now(self) -> tuple[str, str]:
-        """The minute bucket's key and the day's cost key, now (built once a minute: a day
-        starts on a minute, so the minute decides both)."""
-        now = time.time()
-        minute = int(now) // BUCKET_S
+    def _keys_at(self, ts: float) -> tuple[str, str]:
+        """The minute bucket's key and the day's cost key of the time ``ts`` (built once a
+        minute: a day starts on a minute, so the minute decides both)."""
+        minute = int(ts) // BUCKET_S
         if minute != self._minute:
             self._minute = minute
-            self._keys = (_bucket(minute), _day_key(_day(now)))
+            self._keys = (_bucket(minute), _day_key(_day(ts)))
         return self._keys
+
+    def record_many(self, batch: Sequence[FinishedRequest]) -> None:
+        """Queue a batch of requests' counters (a batch sink, :mod:`gateway.telemetry.bookkeeping`),
+        each in the minute it ended."""
+        record = self.record
+        for done in batch:
+            record(done)
 
     def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (never waits on Redis)."""
@@ -125,7 +131,7 @@ class Accounting:
         if done.cache != "hit":
             GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
         template = done.shape.template if done.shape is not None else NO_KEY
-        key, day_key = self._keys_now()
+        key, day_key = self._keys_at(done.ended_at)
         # This minute's counters of the deployment, key and template, and today's of the key
         # and deployment (the costs report).
         prefix = f"{done.deployment}|{done.key_id or NO_KEY}|{template}|"
@@ -161,7 +167,7 @@ class Accounting:
             moved = orjson.dumps(
                 {
                     "request_id": done.request_id,
-                    "ts": int(time.time()),
+                    "ts": int(done.ended_at),
                     "deployment": done.deployment,
                     "template": template,
                     "moves": shape.moves,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,37 +138,24 @@ class DashboardStats:
 
     def record(self, done: FinishedRequest) -> None:
         """Queue this request's counters (summed in process; never waits on Redis)."""
-        key = _minute_key(int(time.time()) // BUCKET_S)
-        deployment = done.deployment or NO_DEPLOYMENT
-        c = self._writer.counters(key, f"{deployment}|{done.key_id or NO_KEY}|", RETENTION_S + BUCKET_S)
-        c["requests"] = c.get("requests", 0) + 1
-        if done.failed:
-            c["errors"] = c.get("errors", 0) + 1
-            name = "err:" + _error_code(done)
-            c[name] = c.get(name, 0) + 1
-        if done.retries:
-            c["retries"] = c.get("retries", 0) + done.retries
-        if done.hedged:
-            c["hedges"] = c.get("hedges", 0) + 1
-        if done.fallback_tier is not None:
-            c["fallbacks"] = c.get("fallbacks", 0) + 1
-        if done.tier is not None:
-            name = "tier:" + done.tier
-            c[name] = c.get(name, 0) + 1
-        if done.cost_nano_usd:
-            c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
-        if done.deployment is None:
-            return  # refused at the door: its few milliseconds say nothing of any upstream's latency
-        if done.cache == "hit":
-            return  # answered from Redis: not the deployment's latency
-        name = f"h:e2e:{bucket_of(done.e2e_ms)}"
-        c[name] = c.get(name, 0) + 1
-        if done.stream and done.ttft_ms is not None:
-            name = f"h:ttft:{bucket_of(done.ttft_ms)}"
-            c[name] = c.get(name, 0) + 1
-            if done.itl_ms is not None:
-                name = f"h:itl:{bucket_of(done.itl_ms)}"
-                c[name] = c.get(name, 0) + 1
+        self.record_many((done,))
+
+    def record_many(self, batch: Sequence[FinishedRequest]) -> None:
+        """Queue a batch of requests' counters (a batch sink, :mod:`gateway.telemetry.bookkeeping`),
+        each in the minute it ended."""
+        # A batch's requests share a few (minute, deployment, key) rows: each row's counters
+        # are looked up once, not once per request.
+        rows: dict[tuple[int, str | None, str | None], dict[str, int]] = {}
+        counters = self._writer.counters
+        for done in batch:
+            minute = int(done.ended_at) // BUCKET_S
+            row = (minute, done.deployment, done.key_id)
+            c = rows.get(row)
+            if c is None:
+                deployment = done.deployment or NO_DEPLOYMENT
+                prefix = f"{deployment}|{done.key_id or NO_KEY}|"
+                c = rows[row] = counters(_minute_key(minute), prefix, RETENTION_S + BUCKET_S)
+            _count(c, done)
 
     async def report(self, policy: Policy, since_s: int) -> dict[str, Any]:
         """Everything the page shows, over the last ``since_s`` seconds."""
@@ -252,6 +240,38 @@ class DashboardStats:
             },
             "series": series.result(),
         }
+
+
+def _count(c: dict[str, int], done: FinishedRequest) -> None:
+    """Add one request to its row's counters."""
+    c["requests"] = c.get("requests", 0) + 1
+    if done.failed:
+        c["errors"] = c.get("errors", 0) + 1
+        name = "err:" + _error_code(done)
+        c[name] = c.get(name, 0) + 1
+    if done.retries:
+        c["retries"] = c.get("retries", 0) + done.retries
+    if done.hedged:
+        c["hedges"] = c.get("hedges", 0) + 1
+    if done.fallback_tier is not None:
+        c["fallbacks"] = c.get("fallbacks", 0) + 1
+    if done.tier is not None:
+        name = "tier:" + done.tier
+        c[name] = c.get(name, 0) + 1
+    if done.cost_nano_usd:
+        c["cost_nusd"] = c.get("cost_nusd", 0) + done.cost_nano_usd
+    if done.deployment is None:
+        return  # refused at the door: its few milliseconds say nothing of any upstream's latency
+    if done.cache == "hit":
+        return  # answered from Redis: not the deployment's latency
+    name = f"h:e2e:{bucket_of(done.e2e_ms)}"
+    c[name] = c.get(name, 0) + 1
+    if done.stream and done.ttft_ms is not None:
+        name = f"h:ttft:{bucket_of(done.ttft_ms)}"
+        c[name] = c.get(name, 0) + 1
+        if done.itl_ms is not None:
+            name = f"h:itl:{bucket_of(done.itl_ms)}"
+            c[name] = c.get(name, 0) + 1
 
 
 def _error_code(done: FinishedRequest) -> str:

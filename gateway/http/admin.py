@@ -28,6 +28,7 @@ from gateway.http.redact import redacted_policy
 from gateway.http.responses import json_response, read_json
 from gateway.http.state import (
     ACCOUNTING,
+    BOOKKEEPING,
     DASHBOARD,
     DISPATCHER,
     DRIFT,
@@ -109,6 +110,7 @@ async def _redis_report(request: web.Request, report: Report) -> web.Response:
     """An admin report read from Redis over ``?since=``; 503 when Redis does not answer."""
     since = _since_s(request)
     policy = request.config_dict[POLICY].current.policy
+    _fold_finished(request)
     try:
         async with asyncio.timeout(3.0):
             body = await report(policy, since)
@@ -117,6 +119,14 @@ async def _redis_report(request: web.Request, report: Report) -> web.Response:
             f"stats are unavailable: Redis did not answer ({type(exc).__name__})", code="stats_unavailable"
         ) from None
     return json_response(body)
+
+
+def _fold_finished(request: web.Request) -> None:
+    """The finished requests not yet folded, into the stats writer's counters: a report
+    just after a request is then as late as the writer's next flush, as it always was."""
+    book = request.config_dict.get(BOOKKEEPING)
+    if book is not None:
+        book.flush()
 
 
 async def admin_stats(request: web.Request) -> web.Response:
@@ -251,6 +261,7 @@ async def admin_costs(request: web.Request) -> web.Response:
         raise InvalidRequestError(
             f"'days' must be a whole number from 1 to {cachestats.COST_RETENTION_DAYS}.", param="days"
         )
+    _fold_finished(request)
     return json_response(await request.config_dict[ACCOUNTING].costs(int(raw)))
 
 

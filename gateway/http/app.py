@@ -31,6 +31,7 @@ from gateway.http.serve import stop_task
 from gateway.http.state import (
     ACCOUNTING,
     AUTH_MODE,
+    BOOKKEEPING,
     DASHBOARD,
     DASHBOARD_HTML,
     DISPATCHER,
@@ -72,6 +73,7 @@ from gateway.store.resp import fast_client
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import logging as tlog
 from gateway.telemetry import tracing
+from gateway.telemetry.bookkeeping import Bookkeeping
 from gateway.telemetry.metrics import Metrics
 
 
@@ -199,25 +201,24 @@ async def _learning(app: web.Application) -> AsyncIterator[None]:
 
 async def _stages(app: web.Application) -> AsyncIterator[None]:
     limiter = app[LIMITER]
+    # The sinks that only count stay per request; the costly ones take the records in
+    # batches (gateway.telemetry.bookkeeping). Last to start, first to stop: the last
+    # batch is folded before the metrics' last sync and the stats writer's last flush.
+    book = app[BOOKKEEPING] = Bookkeeping(
+        (app[ACCOUNTING].record_many, app[DASHBOARD].record_many, app[METRICS].record_many, tlog.log_requests)
+    )
     app[STAGES] = Stages(
         settings=app[SETTINGS],
         shaping=app[SHAPING],
         dispatcher=app[DISPATCHER],
         limiter=limiter,
         stats=app[STATS],
-        sinks=(
-            app[ACCOUNTING].record,
-            app[DASHBOARD].record,
-            app[METRICS].record,
-            limiter.record,
-            app[DRIFT].record,
-            app[FLEET].record,
-            tlog.log_request,
-        ),
+        sinks=(book.add, limiter.record, app[DRIFT].record, app[FLEET].record),
         shadow=app[SHADOW],
         cache=app[RESPONSE_CACHE],
     )
-    yield
+    async with _running(book.run(), "bookkeeping"):
+        yield
 
 
 async def _tracing(app: web.Application) -> AsyncIterator[None]:

@@ -23,6 +23,7 @@ from aiohttp import web
 from gateway.config import PolicyHolder, PolicySnapshot
 from gateway.http.responses import json_response
 from gateway.http.state import (
+    BOOKKEEPING,
     DASHBOARD_HTML,
     DISPATCHER,
     LIMITER,
@@ -180,7 +181,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def sync_metrics(app: web.Application) -> None:
-    """Copy the counters other stages keep as integers into the Prometheus metrics."""
+    """Fold the finished requests not yet folded, and copy the counters other stages keep
+    as integers into the Prometheus metrics."""
+    book = app.get(BOOKKEEPING)
+    if book is not None:
+        book.flush()
     dispatcher = app[DISPATCHER]
     stats, limiter = app.get(STATS), app.get(LIMITER)
     app[METRICS].sync(

@@ -27,6 +27,7 @@ from gateway.shaping.service import ShapingState
 from gateway.store.fleet import FleetMember
 from gateway.store.writer import StatsWriter
 from gateway.telemetry import tracing
+from gateway.telemetry.bookkeeping import Bookkeeping
 from gateway.telemetry.metrics import Metrics
 
 
@@ -56,6 +57,7 @@ KEYS = web.AppKey("keys", KeyStore)
 LIMITER = web.AppKey("limiter", Limiter)
 RESPONSE_CACHE = web.AppKey("response_cache", ResponseCache)
 STAGES = web.AppKey("stages", Stages)
+BOOKKEEPING = web.AppKey("bookkeeping", Bookkeeping)
 SHADOW = web.AppKey("shadow", ShadowSampler)
 DRIFT = web.AppKey("drift", DriftMonitor)
 FLEET = web.AppKey("fleet", FleetMember)

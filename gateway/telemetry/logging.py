@@ -14,6 +14,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -49,6 +50,11 @@ class _QueuedBytesWriter:
             loop.call_later(self.BATCH_S, self._hand_off)
         elif len(batch) >= self.MAX_BATCH:
             self._hand_off()
+
+    def write_lines(self, data: bytes, lines: int) -> None:
+        """Hand ``lines`` whole lines to the thread at once, after the lines already batched."""
+        self._hand_off()
+        self._put(data, lines)
 
     def _hand_off(self) -> None:
         if self._batch:
@@ -131,9 +137,10 @@ _second = -1
 _second_text = ""
 
 
-def _timestamp() -> str:
+def _timestamp(now: float | None = None) -> str:
     global _second, _second_text
-    now = time.time()
+    if now is None:
+        now = time.time()
     whole = int(now)
     if whole != _second:
         _second, _second_text = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
@@ -154,38 +161,65 @@ def request_line(**fields: Any) -> None:
     _writer.write(orjson.dumps(fields) + b"\n")
 
 
-def log_request(done: FinishedRequest) -> None:
-    """Write the request line of a finished request."""
+def _fields(done: FinishedRequest) -> dict[str, Any]:
+    """The request line's fields, in the line's order."""
     ttft = done.ttft_ms
-    cache: dict[str, Any] = {}
+    fields: dict[str, Any] = {
+        "request_id": done.request_id,
+        "key_id": done.key_id,
+        "endpoint": done.endpoint,
+        "model": done.requested_model,
+        "tier": done.tier,
+        "deployment": done.deployment,
+        "stream": done.stream,
+        "status": done.status,
+        "error_code": done.error_code,
+        "error_detail": done.error_detail,
+        "attempts": done.attempts,
+        "ttft_ms": round(ttft, 2) if ttft is not None else None,
+        "total_ms": round(done.e2e_ms, 2),
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "cached_tokens": done.cached_tokens,
+        "cost_usd": done.cost_nano_usd / 1e9 if done.cost_nano_usd else None,
+    }
     if done.cache is not None:
         # Only where the response cache is on: the line keeps its shape everywhere else.
-        cache["cache"] = done.cache
+        fields["cache"] = done.cache
         if done.cache_entry is not None:
-            cache["cache_entry"] = done.cache_entry
-            cache["cache_saved_usd"] = done.cache_saved_nano_usd / 1e9
+            fields["cache_entry"] = done.cache_entry
+            fields["cache_saved_usd"] = done.cache_saved_nano_usd / 1e9
         if done.cache_similarity is not None:
-            cache["cache_similarity"] = round(done.cache_similarity, 4)
-    request_line(
-        request_id=done.request_id,
-        key_id=done.key_id,
-        endpoint=done.endpoint,
-        model=done.requested_model,
-        tier=done.tier,
-        deployment=done.deployment,
-        stream=done.stream,
-        status=done.status,
-        error_code=done.error_code,
-        error_detail=done.error_detail,
-        attempts=done.attempts,
-        ttft_ms=round(ttft, 2) if ttft is not None else None,
-        total_ms=round(done.e2e_ms, 2),
-        prompt_tokens=done.prompt_tokens,
-        completion_tokens=done.completion_tokens,
-        cached_tokens=done.cached_tokens,
-        cost_usd=done.cost_nano_usd / 1e9 if done.cost_nano_usd else None,
-        **cache,
-    )
+            fields["cache_similarity"] = round(done.cache_similarity, 4)
+    return fields
+
+
+def log_request(done: FinishedRequest) -> None:
+    """Write the request line of a finished request."""
+    request_line(**_fields(done))
+
+
+def log_requests(batch: Sequence[FinishedRequest]) -> None:
+    """Write the request lines of a batch of finished requests (a batch sink,
+    :mod:`gateway.telemetry.bookkeeping`): in JSON mode handed to the writer thread as one
+    chunk, each line stamped with its request's end, not with the time of the batch."""
+    writer = _writer
+    if writer is None or not _json:
+        for done in batch:
+            log_request(done)
+        return
+    if _level > logging.INFO:
+        return
+    dumps = orjson.dumps
+    lines = []
+    for done in batch:
+        fields = _fields(done)
+        fields["event"] = "request"
+        fields["level"] = "info"
+        fields["timestamp"] = _timestamp(done.ended_at)
+        lines.append(dumps(fields))
+    lines.append(b"")
+    writer.write_lines(b"\n".join(lines), len(batch))
 
 
 def dropped_lines() -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -242,6 +242,9 @@ class Metrics:
         self._latency: dict[tuple[str, str, str, str], tuple[Observe, Observe, Observe]] = {}
         self._by_deployment: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
+        # Children by label tuple, resolved once each: ``labels()`` costs a lock and a lookup.
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._cache_saved: dict[str, tuple[Any, Any]] = {}
         self._synced: dict[Any, int] = {}
         # Since the last sync: the amount to add per counter child, and the histograms' tallies.
         self._counts: dict[Any, float] = {}
@@ -254,6 +257,13 @@ class Metrics:
         tally = _Tally(child)
         self._tallies.append(tally)
         return tally.add
+
+    def record_many(self, batch: Sequence[FinishedRequest]) -> None:
+        """Count a batch of finished API requests (a batch sink,
+        :mod:`gateway.telemetry.bookkeeping`)."""
+        record = self.record
+        for done in batch:
+            record(done)
 
     def record(self, done: FinishedRequest) -> None:
         """Count one finished API request."""
@@ -308,14 +318,23 @@ class Metrics:
         """Count a response cache outcome; True for a hit (no upstream latency nor tokens to
         count: the deployment did not answer it)."""
         counts = self._counts
-        child = self.response_cache.labels(deployment, done.cache)
+        outcome = done.cache or ""
+        child = self._cache.get((deployment, outcome))
+        if child is None:
+            child = self._cache[deployment, outcome] = self.response_cache.labels(deployment, outcome)
         counts[child] = counts.get(child, 0) + 1
-        if done.cache != "hit":
+        if outcome != "hit":
             return False
+        saved = self._cache_saved.get(deployment)
+        if saved is None:
+            saved = self._cache_saved[deployment] = (
+                self.response_cache_saved_tokens.labels(deployment),
+                self.response_cache_saved_usd.labels(deployment),
+            )
         tokens = (done.prompt_tokens or 0) + (done.completion_tokens or 0)
         for counter, amount in (
-            (self.response_cache_saved_tokens.labels(deployment), tokens),
-            (self.response_cache_saved_usd.labels(deployment), done.cache_saved_nano_usd / NANO_USD),
+            (saved[0], tokens),
+            (saved[1], done.cache_saved_nano_usd / NANO_USD),
         ):
             if amount:
                 counts[counter] = counts.get(counter, 0) + amount

@@ -9,6 +9,7 @@ figures.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -54,6 +55,9 @@ class FinishedRequest:
     shape: ShapeResult | None
     prefix_chain: Sequence[int] | None
     cache_ttl_s: float
+    ended_at: float
+    """Wall-clock time (``time.time()``) the request ended: its minute's stats bucket and
+    its log line's timestamp, however late the batch that folds it."""
     route: Route | None = None
     """The router's decision (tier, reason, classifier score), before any escalation."""
     error_detail: str | None = None
@@ -110,6 +114,7 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         shape=ctx.shape,
         prefix_chain=ctx.prefix_chain,
         cache_ttl_s=policy.shaping.cache_ttl_s,
+        ended_at=time.time(),
         route=ctx.route,
         error_detail=ctx.error_detail,
         cache=plan.outcome if plan is not None else None,
