@@ -226,6 +226,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
             hashed = None
         result.stable_prefix_tokens += len(tools_json) // 4
+        result.stable_texts = (tools_json, *result.stable_texts)
         result.prefix_hash = self._prefix_hash(tools_json, stable_head, hashed)
         self._signature(body, result)
         return result
@@ -279,6 +280,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         stable_key = "".join([h for h, m in zip(hashes, moving, strict=True) if not m]).encode()
         has_stable = any(t is None or t.strip() for t in kept)
         result.stable_prefix_tokens = sum(len(t) for t in kept if t is not None) // 4
+        result.stable_texts = ("\n".join([t for t in kept if t is not None]),)
         if not has_stable or not volatile:
             if has_stable:
                 result.head_stable_parts = len(content)
@@ -352,6 +354,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             if read.rag < 0 and not ambiguous and not rag_blocks:
                 self._keep_replay(keys, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
+        result.stable_texts = (stable_text,)
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
             if has_stable:
