@@ -369,7 +369,8 @@ class PolicyShaper(Decisions, HeadSignatures):
             shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
-        result.moved = len(end_idx) + len(late_idx)
+        # Blank lines that ended the text may follow a unit placed at its end: they are no move.
+        result.moved = sum(1 for i in end_idx if texts[i].strip()) + len(late_idx)
         result.moved_before_user = len(late_idx)
         result.rag_moved = rag >= 0 and order != sorted(order)
         head["content"] = shaped
