@@ -32,6 +32,12 @@ has 40 or 130 lines and for a 12,500-token agent prompt of 556 lines, each in th
 patterns (one conversation, 50 interleaved, a new conversation on every request): median
 and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of
 ``ideal`` for a workload.
+
+The template corpus (``tests/fixtures/templates/``): its short sessions in vLLM's cache model
+(under OpenAI's 1,024 tokens), its long sessions (``--sessions``; long answers and tool
+results) in both; per template off / on / on with ``end_of_system`` / bound / reachable and
+the semantic check in both placements, then the issue #51 done-when checks (exits 1 when one
+fails).
 """
 
 from __future__ import annotations
@@ -208,8 +214,11 @@ WORKLOADS = {"chat": chat_workload, "agent": agent_workload, "rag": rag_workload
 
 def _sessions(template: corpus.Template, long: bool) -> list[list[dict[str, Any]]]:
     """The template's bench sessions: 8 users x 5 turns; ``long``: with long answers and tool
-    results (over OpenAI's 1,024-token minimum from the second request of a session on)."""
-    return corpus.sessions(template, users=8, turns=5, long_history=long)
+    results (over OpenAI's 1,024-token minimum from the second request of a session on). The
+    long sessions draw their values with another seed: replayed on the gateway that saw the
+    short ones, the same times to the microsecond would make each long session's second request
+    read as a retry of a short one's (the same question and time, another answer)."""
+    return corpus.sessions(template, users=8, turns=5, seed=5 if long else 3, long_history=long)
 
 
 def _bound_values(template: corpus.Template, long: bool = False) -> list[list[dict[str, Any]]]:
