@@ -32,6 +32,12 @@ has 40 or 130 lines and for a 12,500-token agent prompt of 556 lines, each in th
 patterns (one conversation, 50 interleaved, a new conversation on every request): median
 and p99 of 2,000 runs. Exits 1 when ``on`` is below 90 % of
 ``ideal`` for a workload.
+
+The template corpus (``tests/fixtures/templates/``): its short sessions in vLLM's cache model
+(under OpenAI's 1,024 tokens), its long sessions (``--sessions``; long answers and tool
+results) in both; per template off / on / on with ``end_of_system`` / bound / reachable and
+the semantic check in both placements, then the issue #51 done-when checks (exits 1 when one
+fails).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import itertools
 import json
 import os
 import random
@@ -47,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,13 +212,22 @@ def rag_workload(ideal: bool) -> list[list[dict[str, Any]]]:
 WORKLOADS = {"chat": chat_workload, "agent": agent_workload, "rag": rag_workload}
 
 
-def _bound_values(template: corpus.Template) -> list[list[dict[str, Any]]]:
+def _sessions(template: corpus.Template, long: bool) -> list[list[dict[str, Any]]]:
+    """The template's bench sessions: 8 users x 5 turns; ``long``: with long answers and tool
+    results (over OpenAI's 1,024-token minimum from the second request of a session on). The
+    long sessions draw their values with another seed: replayed on the gateway that saw the
+    short ones, the same times to the microsecond would make each long session's second request
+    read as a retry of a short one's (the same question and time, another answer)."""
+    return corpus.sessions(template, users=8, turns=5, seed=5 if long else 3, long_history=long)
+
+
+def _bound_values(template: corpus.Template, long: bool = False) -> list[list[dict[str, Any]]]:
     """The template's workload with no value varying (every request the first one's system
     prompt, the tools in one order):
     an upper bound for what any order of its content could have cached."""
     bound = []
     first = corpus.sessions(template, users=1, turns=1)[0][0]["messages"][0]
-    for bodies in corpus.sessions(template, users=8, turns=5):
+    for bodies in _sessions(template, long):
         for body in bodies:
             body["messages"][0] = copy.deepcopy(first)
             if "tools" in body:
@@ -222,14 +239,14 @@ def _bound_values(template: corpus.Template) -> list[list[dict[str, Any]]]:
 _RAG_OPEN, _RAG_CLOSE = ("<context>", "<documents>"), ("</context>", "</documents>")
 
 
-def _reachable_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
+def _reachable_rag(template: corpus.Template, long: bool = False) -> list[list[dict[str, Any]]]:
     """A retrieval template's workload written the best way any meaning-preserving shaping
     could send it when passages change on every request: the retrieval block (its element
     lines, with the heading or lead-in line it reads under) out of the system prompt and, whole,
     in a system message after the newest message, on every turn. The instructions and the
     whole history before the newest message are then a common prefix; the passages, new on
     every request, never can be."""
-    out = corpus.sessions(template, users=8, turns=5)
+    out = _sessions(template, long)
     for bodies in out:
         for body in bodies:
             messages = body["messages"]
@@ -247,12 +264,14 @@ def _reachable_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
     return out
 
 
-def _reachable_section_late(template: corpus.Template, heading: str) -> list[list[dict[str, Any]]]:
+def _reachable_section_late(
+    template: corpus.Template, heading: str, long: bool = False
+) -> list[list[dict[str, Any]]]:
     """The template's workload with the markdown section under ``heading`` (it holds a value new
     on every request beside per-session ones) out of the system prompt and, whole, in a system
     message after the newest message on every request: the latest place, so the history stays
     a common prefix; the section's per-session lines are then sent anew each step."""
-    out = corpus.sessions(template, users=8, turns=5)
+    out = _sessions(template, long)
     for bodies in out:
         for body in bodies:
             messages = body["messages"]
@@ -271,10 +290,10 @@ def _reachable_section_late(template: corpus.Template, heading: str) -> list[lis
     return out
 
 
-def _reachable_unmarked_rag(template: corpus.Template) -> list[list[dict[str, Any]]]:
+def _reachable_unmarked_rag(template: corpus.Template, long: bool = False) -> list[list[dict[str, Any]]]:
     """As :func:`_reachable_rag`, for a retrieval block framed by two identical rules under the
     line that announces it ("Context information is below.")."""
-    out = corpus.sessions(template, users=8, turns=5)
+    out = _sessions(template, long)
     for bodies in out:
         for body in bodies:
             messages = body["messages"]
@@ -288,14 +307,14 @@ def _reachable_unmarked_rag(template: corpus.Template) -> list[list[dict[str, An
 
 
 def _reachable_lines(
-    template: corpus.Template, late: str, last: tuple[str, ...]
+    template: corpus.Template, late: str, last: tuple[str, ...], long: bool = False
 ) -> list[list[dict[str, Any]]]:
     """The template's workload with the line starting with ``late`` (new on every request) in
     a system message after the newest message, and the lines starting with one of ``last``
     (fixed within a session), with the lead-in line they follow, at the end of the system
     message: the best layout of whole units (what changes within a session after the
     history, what differs between sessions after what all share)."""
-    out = corpus.sessions(template, users=8, turns=5)
+    out = _sessions(template, long)
     for bodies in out:
         for body in bodies:
             messages = body["messages"]
@@ -317,16 +336,16 @@ def _reachable_lines(
     return out
 
 
-REACHABLE = {
+REACHABLE: dict[str, Callable[[corpus.Template, bool], list[list[dict[str, Any]]]]] = {
     "rag_rules_unmarked": _reachable_unmarked_rag,
-    "session_env_chat": lambda t: _reachable_lines(
-        t, "The current time is", ("- Name:", "- Operating system:", "- Shell for", "- Locale:")
+    "session_env_chat": lambda t, long: _reachable_lines(
+        t, "The current time is", ("- Name:", "- Operating system:", "- Shell for", "- Locale:"), long
     ),
-    "coding_markdown_tail": lambda t: _reachable_lines(t, "", ("The current date is",)),
+    "coding_markdown_tail": lambda t, long: _reachable_lines(t, "", ("The current date is",), long),
     # Per-session values only (the working directory in three units, the first inside the
     # tools section): every other order of whole units shares less across users.
-    "xml_tool_agent": lambda t: corpus.sessions(t, users=8, turns=5),
-    "terminal_sections": lambda t: _reachable_section_late(t, "# Environment"),
+    "xml_tool_agent": _sessions,
+    "terminal_sections": lambda t, long: _reachable_section_late(t, "# Environment", long),
     "rag_handbook": _reachable_rag,
     "rag_sources_fenced": _reachable_rag,
 }
@@ -334,29 +353,30 @@ REACHABLE = {
 (the ``reachable`` column: an upper bound for shaping that never breaks a unit)."""
 
 
-def corpus_workload(template: corpus.Template, config: str) -> list[list[dict[str, Any]]]:
-    """A corpus template's sessions (8 users x 5 turns); ``ideal`` is the no-variation bound,
-    ``reachable`` (the templates of :data:`REACHABLE`) the best meaning-preserving layout."""
+def corpus_workload(template: corpus.Template, config: str, long: bool = False) -> list[list[dict[str, Any]]]:
+    """A corpus template's sessions (8 users x 5 turns; ``long``: with long answers and tool
+    results); ``ideal`` is the no-variation bound, ``reachable`` (the templates of
+    :data:`REACHABLE`) the best meaning-preserving layout."""
     if config == "ideal":
-        return _bound_values(template)
+        return _bound_values(template, long)
     if config == "reachable":
-        out = REACHABLE[template.name](template)
+        out = REACHABLE[template.name](template, long)
         for bodies in out:  # sent with shaping off: the tools as shaping would send them
             for body in bodies:
                 if "tools" in body:
                     tools = sorted(body["tools"], key=lambda t: str(t["function"]["name"]))
                     body["tools"] = [canonical_wrapper(t) for t in tools]
         return out
-    return corpus.sessions(template, users=8, turns=5)
+    return _sessions(template, long)
 
 
-def semantic_check(template: corpus.Template, policy: dict[str, Any]) -> int:
+def semantic_check(template: corpus.Template, policy: dict[str, Any], long: bool = False) -> int:
     """Shaped bodies of the template's workload that changed meaning (in process, learning as
     the gateway does)."""
     shaper = PolicyShaper(ShapingPolicy.model_validate(policy))
     model = StabilityModel()
     changed = 0
-    sessions = corpus.sessions(template, users=8, turns=5)
+    sessions = _sessions(template, long)
     for turn in range(5):
         for bodies in sessions:
             shaped = copy.deepcopy(bodies[turn])
@@ -476,17 +496,24 @@ def _run_matrix(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 ]
                 gw_log = tmp / f"gw-{config}.log"
                 with serving(gw_cmd, f"http://127.0.0.1:{port}/healthz", log=gw_log, env=env, cwd=ROOT):
-                    # The corpus prompts are under OpenAI's 1,024-token minimum: vLLM's model only.
-                    for template in corpus.TEMPLATES if args.corpus and cache_model == "vllm" else ():
+                    # The short sessions' prompts are under OpenAI's 1,024-token minimum: vLLM's
+                    # model only; the long sessions (long answers and tool results) in both.
+                    lengths = [(False, "t:")] if cache_model == "vllm" and args.sessions != "long" else []
+                    lengths += [(True, "l:")] if args.sessions != "short" else []
+                    for (long, prefix), template in itertools.product(
+                        lengths, corpus.TEMPLATES if args.corpus else ()
+                    ):
                         if config == "reachable" and template.name not in REACHABLE:
                             continue
                         _post(sim_url + "/sim/reset")
                         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                        sessions = corpus_workload(template, config)
+                        sessions = corpus_workload(template, config, long)
                         row = asyncio.run(_replay(url, sessions, args.concurrency))
-                        table.setdefault(cache_model, {}).setdefault(f"t:{template.name}", {})[config] = row
+                        table.setdefault(cache_model, {}).setdefault(f"{prefix}{template.name}", {})[
+                            config
+                        ] = row
                         print(
-                            f"  {cache_model:6} {template.name:20} {config:6} cached "
+                            f"  {cache_model:6} {prefix}{template.name:20} {config:6} cached "
                             f"{100 * row['cached_share']:5.1f}%  TTFT p50 {row['ttft_p50_ms']:6.1f} ms",
                             file=sys.stderr,
                         )
@@ -717,35 +744,65 @@ def shaping_costs() -> list[dict[str, Any]]:
 
 
 def _corpus_table(results: dict[str, Any]) -> bool:
-    """Per corpus template: cached share off / on / bound, TTFT p50, semantic check; whether
-    any template shaped worse than off or changed a meaning."""
-    failed = False
+    """Per cache model, session length and corpus template: cached share off / on (the
+    default placement: after the newest turn, what the simulator's ``/tokenize`` accepts) /
+    on with ``end_of_system`` / bound / reachable, TTFT p50, semantic check (both
+    placements). Then the issue's done-when, template by template: whether any is worse than
+    off in a placement, under 90 % of its reachable layout (agent and chat templates; the
+    bound where no layout is written by hand) or changed a meaning. True when any failed."""
     print()
     print(
-        "| cache model | template | kind | off | on | on (end of system) | bound | reachable | on / bound "
+        "| cache model | sessions | template | kind | off | on | on (end of system) | bound | reachable "
         "| on / reachable | TTFT p50 off → on | semantic changes |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    checks = {t.name: semantic_check(t, {"rag": {"enabled": True}}) for t in corpus.TEMPLATES}
+    checks: dict[str, int] = {}
+    failures: list[str] = []
     for cache_model, workloads in results["workloads"].items():
-        for template in corpus.TEMPLATES:
-            rows = workloads.get(f"t:{template.name}")
-            if rows is None:
-                continue
-            share = {c: rows[c]["cached_share"] for c in RAG_CONFIGS if c in rows}
-            failed |= share["on"] + 0.005 < share["off"] or checks[template.name] > 0
-            reachable = share.get("reachable")
-            reach = f"{100 * reachable:.1f}%" if reachable else "-"
-            on_reach = f"{100 * share['on'] / reachable:.0f}%" if reachable else "-"
-            print(
-                f"| {cache_model} | {template.name} | {template.kind} | {100 * share['off']:.1f}% "
-                f"| {100 * share['on']:.1f}% | {100 * share['on-end']:.1f}% | {100 * share['ideal']:.1f}% "
-                f"| {reach} | {100 * share['on'] / share['ideal']:.0f}% | {on_reach} "
-                f"| {rows['off']['ttft_p50_ms']:.1f} → {rows['on']['ttft_p50_ms']:.1f} ms "
-                f"| {checks[template.name]} |"
-            )
+        for prefix, length in (("t:", "short"), ("l:", "long")):
+            for template in corpus.TEMPLATES:
+                rows = workloads.get(f"{prefix}{template.name}")
+                if rows is None:
+                    continue
+                long = prefix == "l:"
+                key = f"{length}:{template.name}"
+                if key not in checks:
+                    checks[key] = sum(
+                        semantic_check(template, {"placement": placement, "rag": {"enabled": True}}, long)
+                        for placement in ("after_last_turn", "end_of_system")
+                    )
+                share = {c: rows[c]["cached_share"] for c in RAG_CONFIGS if c in rows}
+                reachable = share.get("reachable")
+                target = reachable if reachable else share["ideal"]
+                on_reach = share["on"] / target if target else 1.0
+                where = f"{cache_model} {length} {template.name}"
+                failures += [
+                    f"{where}: {c} {100 * share[c]:.1f}% < off {100 * share['off']:.1f}%"
+                    for c in ("on", "on-end")
+                    if share[c] + 0.005 < share["off"]
+                ]
+                if template.kind in ("agent", "chat") and on_reach < 0.9:
+                    failures.append(
+                        f"{where}: on {100 * on_reach:.0f}% of {'reachable' if reachable else 'bound'}"
+                    )
+                if checks[key]:
+                    failures.append(f"{where}: {checks[key]} shaped bodies changed meaning")
+                reach = f"{100 * reachable:.1f}%" if reachable else "-"
+                pct = {c: f"{100 * v:.1f}%" for c, v in share.items()}
+                print(
+                    f"| {cache_model} | {length} | {template.name} | {template.kind} | {pct['off']} "
+                    f"| {pct['on']} | {pct['on-end']} | {pct['ideal']} "
+                    f"| {reach} | {100 * on_reach:.0f}%{'' if reachable else ' (of bound)'} "
+                    f"| {rows['off']['ttft_p50_ms']:.1f} → {rows['on']['ttft_p50_ms']:.1f} ms "
+                    f"| {checks[key]} |"
+                )
+    print()
+    print("Done-when failures:" if failures else "Done-when: every check passed.")
+    for failure in failures:
+        print(f"- {failure}")
     results["semantic_changes"] = checks
-    return failed
+    results["done_when_failures"] = failures
+    return bool(failures)
 
 
 def _cost_ab(baseline: Path, rounds: int) -> int:
@@ -792,6 +849,13 @@ def main() -> int:
     parser.add_argument("--no-corpus", dest="corpus", action="store_false", help="skip the template corpus")
     parser.add_argument("--corpus-only", action="store_true", help="only the template corpus")
     parser.add_argument(
+        "--sessions",
+        choices=("short", "long", "both"),
+        default="both",
+        help="the corpus sessions: short (vLLM's cache model only: under OpenAI's 1,024-token minimum), "
+        "long (long answers and tool results; both cache models) or both",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="with --cost-only: measure this checkout's gateway and CHECKOUT's (e.g. an older commit's "
@@ -805,7 +869,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     if not args.cost_only:
         results["workloads"] = run_matrix(args)
-    results["cost"] = costs = shaping_costs()
+    results["cost"] = costs = [] if args.corpus_only else shaping_costs()
     failed = False
     if not args.cost_only:
         print(
@@ -815,7 +879,7 @@ def main() -> int:
         print("|---|---|---|---|---|---|---|---|")
         for cache_model, workloads in results["workloads"].items():
             for name, rows in workloads.items():
-                if name.startswith("t:"):
+                if ":" in name:  # a corpus template's row (its own table below)
                     continue
                 share = {c: rows[c]["cached_share"] for c in CONFIGS}
                 ratio = share["on"] / share["ideal"] if share["ideal"] else 1.0

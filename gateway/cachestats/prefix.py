@@ -56,6 +56,7 @@ class Geometries:
     def __init__(self) -> None:
         self._block_tokens: dict[str, int] = {}
         self._bytes_per_token: dict[str, float] = {}
+        self._tokenizer_ratio: dict[str, float] = {}
 
     def use_vllm(self, deployment: str, block_tokens: int | None = None) -> None:
         """Count ``deployment`` as vLLM does; ``block_tokens`` when known (policy, discovered)."""
@@ -73,8 +74,18 @@ class Geometries:
         return self._block_tokens.get(deployment, CHECKPOINT_TOKENS)
 
     def bytes_per_token(self, deployment: str) -> float:
-        """Prompt bytes per token of the deployment's tokenizer (calibrated; 4 until then)."""
+        """Prompt bytes per token of the deployment's tokenizer: as the model's own tokenizer
+        measured them where Switchyard reads it (:mod:`gateway.shaping.tokens`), else
+        calibrated from its replies; 4 until either is known."""
+        found = self._tokenizer_ratio.get(deployment)
+        if found is not None:
+            return found
         return self._bytes_per_token.get(deployment, CHECKPOINT_BYTES / CHECKPOINT_TOKENS)
+
+    def use_tokenizer_ratio(self, deployment: str, bytes_per_token: float) -> None:
+        """The deployment's bytes per token as its model's tokenizer counted its prompts."""
+        if bytes_per_token > 0:
+            self._tokenizer_ratio[deployment] = bytes_per_token
 
     def observe(self, deployment: str, chain: Sequence[int] | None, prompt_tokens: int | None) -> None:
         """Calibrate bytes per token from a finished request's rendered prompt and usage."""

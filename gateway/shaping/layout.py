@@ -19,11 +19,13 @@ from gateway.shaping.units import (
     LEAD_IN,
     LINES,
     SECTION,
+    TEXT,
     Unit,
     glued,
     level,
     line_kind,
     segment_cached,
+    self_contained,
 )
 
 _Placed = tuple[list[int], list[int], list[int], int, list[bool]]
@@ -73,6 +75,17 @@ class UnitPlacement:
         if memo is not None and memo[0] is units:
             return memo[1]
         moving = list(moving)  # _place changes it
+        tail = _tail_chain(units, lines)
+        if len(tail) == 2 and (moving[tail[0]] or late[tail[1]]) and _ends_after_section(units, lines, tail):
+            # A sentence that ends the text after the final section reads as part of it to
+            # anyone but the segmenter: it goes where the section goes, and never alone into
+            # a message of its own.
+            section, sentence = tail
+            late = list(late)
+            if moving[section]:
+                moving[sentence], late[sentence] = True, late[section]
+            else:
+                late[sentence] = False
         late_idx = list(compress(range(len(units)), late))
         if _chain_joins(units, lines, late_idx):
             late = [False] * len(units)  # they would merge in their message: to the end, or nowhere
@@ -136,6 +149,7 @@ class UnitPlacement:
         moves: list[tuple[str, str, str]] = []
         if result.rag_moved:
             moves.append(("retrieved", "retrieved", "instructions"))
+        end_idx = [i for i in end_idx if lines[units[i].start].strip()]  # blank lines are no move
         if end_idx:
             if at < 0:
                 why = "placement"
@@ -191,7 +205,15 @@ def _place(
         return _place(units, lines, moving, end, -1)
     if any(end) and nonblank:
         before = rag if rag >= 0 else stable[nonblank[-1]]
-        if _chain_joins(units, lines, [before, *compress(range(len(end)), end)]):
+        chain = [before, *compress(range(len(end)), end)]
+        if _chain_joins(units, lines, chain):
+            if rag < 0 and _ends_after_section(units, lines, chain):
+                # The sentence ends the text after the final section; the blank lines that
+                # ended the text stay after it (in ``end``, not moving: they are no move), so
+                # a sentence already there keeps its bytes and a shaped text reads back alike.
+                for i in stable[last_nonblank + 1 :]:
+                    end[i] = True
+                return stable[: last_nonblank + 1], -1
             for i, e in enumerate(end):
                 if e:
                     moving[i] = end[i] = False
@@ -200,6 +222,35 @@ def _place(
         return stable, -1
     last = nonblank[-1] if nonblank else -1
     return [*stable[: last + 1], rag, *stable[last + 1 :]], rag
+
+
+def _ends_after_section(units: list[Unit], lines: list[str], chain: list[int]) -> bool:
+    """Whether ``chain`` is a final section and one self-contained sentence (one line that
+    names what it is, "The current date is ..."): the sentence may end the system message
+    after the section, where it reads back as its own unit (see
+    :func:`~gateway.shaping.units.segment`). A list item, a record's field, a lead-in's line or
+    a line referring to its neighbours is no such sentence."""
+    if len(chain) != 2:
+        return False
+    section, sentence = units[chain[0]], units[chain[1]]
+    if section.kind != SECTION or section.end - section.start < 2 or sentence.kind != LINES:
+        return False
+    line = lines[sentence.start]
+    if sentence.end != sentence.start + 1 or line_kind(line) != TEXT or not self_contained(line):
+        return False
+    last = lines[section.end - 1]
+    return not glued(last, line_kind(last), line, TEXT)
+
+
+def _tail_chain(units: list[Unit], lines: list[str]) -> list[int]:
+    """The text's last two units that are not blank (for :func:`_ends_after_section`)."""
+    found: list[int] = []
+    for i in range(len(units) - 1, -1, -1):
+        if lines[units[i].start].strip():
+            found.insert(0, i)
+            if len(found) == 2:
+                break
+    return found
 
 
 def _units_kept(texts: list[str]) -> bool:

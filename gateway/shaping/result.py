@@ -27,6 +27,9 @@ class ShapeResult:
     cache stats, which keep it per request."""
     tools_sorted: bool = False
     stable_prefix_tokens: int = 0
+    stable_texts: tuple[str | bytes, ...] = ()
+    """The stable prefix's text (the tools' JSON, the head's stable units), for counting its
+    tokens with the deployment's own tokenizer (:mod:`gateway.shaping.tokens`)."""
     head_stable_chars: int = 0
     """How much of the head system message (after shaping) is the stable part (string content)."""
     head_stable_parts: int = 0

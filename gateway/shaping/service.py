@@ -12,6 +12,7 @@ from gateway.errors import InvalidRequestError
 from gateway.replicas.affinity import PREFIX_HASH
 from gateway.shaping.probe import PROBED
 from gateway.shaping.stability import StabilityModel
+from gateway.shaping.tokens import TOKENIZERS
 from gateway.store.writer import StatsWriter
 
 _GATEWAY_METADATA = ("switchyard_tier", "switchyard_template")
@@ -77,6 +78,7 @@ class ShapingState:
             # until it answers, its default placement holds).
             self._probed_for = policy
             PROBED.ask(policy)
+            TOKENIZERS.ask(policy)  # a launched model's own tokenizer, loaded in the background
         ctx.shape = shape = ctx.snapshot.shaper.shape(body, self.stability, writer, template, tools_json)
         ctx.prefix_chain = checkpoints(body, shape.rendered_tools)
         # Replica affinity follows the shaped stable prefix (tools and the head's stable
@@ -96,9 +98,15 @@ class ShapingState:
                 GEOMETRY.use_vllm(ctx.deployment, spec.launch.block_size if spec.launch else None)
             ctx.prefix_hit_tokens = self.prefixes.expect_and_add(ctx.deployment, ctx.prefix_chain, ttl_s)
             if ctx.shape is not None:
-                # The stable prefix in the deployment's own tokens (calibrated by its replies),
-                # never more than the prompt: the shaper counted 4 bytes a token.
+                # The stable prefix in the deployment's own tokens: counted by its model's
+                # tokenizer where Switchyard reads it, else estimated (bytes per token
+                # calibrated by its replies; the shaper counted 4 bytes a token); an estimate
+                # never more than the prompt's.
                 shape = ctx.shape
+                counted = TOKENIZERS.stable_tokens(ctx.deployment, shape.prefix_hash, shape.stable_texts)
+                if counted is not None:
+                    shape.stable_prefix_tokens = counted
+                    return
                 chain = ctx.prefix_chain
                 prompt = GEOMETRY.estimate(ctx.deployment, getattr(chain, "prompt_bytes", 0))
                 stable = GEOMETRY.estimate(ctx.deployment, 4 * shape.stable_prefix_tokens)

@@ -268,6 +268,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             tools_json = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if isinstance(tools, list) else b""
             hashed = None
         result.stable_prefix_tokens += len(tools_json) // 4
+        result.stable_texts = (tools_json, *result.stable_texts)
         result.prefix_hash = self._prefix_hash(tools_json, stable_head, hashed)
         self._signature(body, result)
         return result
@@ -321,6 +322,7 @@ class PolicyShaper(Decisions, HeadSignatures):
         stable_key = "".join([h for h, m in zip(hashes, moving, strict=True) if not m]).encode()
         has_stable = any(t is None or t.strip() for t in kept)
         result.stable_prefix_tokens = sum(len(t) for t in kept if t is not None) // 4
+        result.stable_texts = ("\n".join([t for t in kept if t is not None]),)
         if not has_stable or not volatile:
             if has_stable:
                 result.head_stable_parts = len(content)
@@ -394,6 +396,7 @@ class PolicyShaper(Decisions, HeadSignatures):
             if read.rag < 0 and not ambiguous and not rag_blocks:
                 self._keep_replay(keys, layout, hashes, moving, stable_idx, stable)
         result.stable_prefix_tokens = len(stable_text) // 4
+        result.stable_texts = (stable_text,)
         if not has_stable or (not end_idx and not late_idx and rag < 0):
             # Nothing volatile, or nothing but: either way nothing to gain by moving.
             if has_stable:
@@ -408,7 +411,8 @@ class PolicyShaper(Decisions, HeadSignatures):
             shaped = "\n".join(map(texts.__getitem__, (*order, *end_idx)))
         if shaped == content and not late_idx:  # already stable first, volatile last: a shaped request
             return stable_key
-        result.moved = len(end_idx) + len(late_idx)
+        # Blank lines that ended the text may follow a unit placed at its end: they are no move.
+        result.moved = sum(1 for i in end_idx if texts[i].strip()) + len(late_idx)
         result.moved_before_user = len(late_idx)
         result.rag_moved = rag >= 0 and order != sorted(order)
         head["content"] = shaped

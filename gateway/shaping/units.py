@@ -41,6 +41,15 @@ _KEY_VALUE = re.compile(r"^[A-Za-z][\w '\u2019()/.-]{0,40}:\s*\S")
 _ENDS_CLAUSE = tuple(".!?;:)]}\"'`>*|…")
 
 _ANNOUNCES = re.compile(r"\b(?:below|following)\b[^.!?]*[.:]$", re.IGNORECASE)
+# A sentence that names what it is ("The current date is 2026-12-07."): a subject with no
+# colon before it (not "Note: ..."), a copula, one sentence; not one that starts by referring
+# to its neighbours ("These rules are ...", "It is ...").
+_NAMES_ITSELF = re.compile(
+    r"^(?!(?i:this|these|that|those|it|its|they|he|she|here|there|such|also|and|but|or|so|then|"
+    r"otherwise|however|each|both|all|the same|the above|the following)\b)"
+    r"[A-Z][^:;]{0,80}?\b(?:is|are)\b(?:[^.!?;]|[.!?:](?=\S)){1,160}[.!?]$"
+)
+_REFERS = re.compile(r"\b(?:above|below|following|preceding|previous|aforementioned|as follows)\b", re.I)
 _DELIMITER_CHARS = frozenset("-=*_+#")
 
 # Line kinds: the structural role a line can have by itself (memoized per line text).
@@ -136,6 +145,33 @@ def delimiter(line: str) -> str:
 def announces(line: str) -> bool:
     """Whether a line announces what follows ("Context information is below.")."""
     return _ANNOUNCES.search(line.rstrip()) is not None
+
+
+def self_contained(line: str) -> bool:
+    """Whether ``line`` is a sentence that names what it is ("The current date is ..."): it
+    reads the same wherever it stands, so it may end the text after a final section."""
+    if not line.endswith((".", "!", "?")) or (" is " not in line and " are " not in line):
+        return False  # most lines: no regex
+    return _NAMES_ITSELF.match(line) is not None and _REFERS.search(line) is None
+
+
+def _section_tail(
+    lines: list[str], blocks: list[tuple[int, int, str, str]], kinds: list[int], k: int, last: int
+) -> int:
+    """The last block of a section that runs to the end of the text (heading block ``k``, last
+    non-blank block ``last``): the one before ``last`` when ``last`` is a self-contained
+    sentence (:func:`self_contained`) that does not read as part of the line before it, and
+    the section has more than that sentence; else ``last``. So a sentence shaping placed
+    after a final section reads back as its own unit (and an app's own such last line too)."""
+    start, end, _, _ = blocks[last]
+    if kinds[last] != TEXT or end != start + 1 or not self_contained(lines[start]):
+        return last
+    before = next((p for p in range(last - 1, k, -1) if kinds[p] != BLANK), k)
+    if before == k:
+        return last  # the sentence is the section's only content: it stays under its heading
+    if blocks[before][2] == LINES and glued(lines[blocks[before][1] - 1], kinds[before], lines[start], TEXT):
+        return last
+    return before
 
 
 def _delimited_end(lines: list[str], start: int, rule: str) -> int:
@@ -238,6 +274,8 @@ def segment(lines: list[str]) -> list[Unit]:
                 if kinds[j] != BLANK:
                     last = j
                 j += 1
+            if j == n:
+                last = _section_tail(lines, blocks, kinds, k, last)
             units.append(Unit(start, blocks[last][1], SECTION))
             k = last + 1
             continue
@@ -274,7 +312,7 @@ def segment(lines: list[str]) -> list[Unit]:
 
 
 _shape_ids: dict[str, int] = {}
-_plain_shapes: dict[tuple[int, bool, bool, int, bool], int] = {}
+_plain_shapes: dict[tuple[int, bool, bool, int, bool, bool], int] = {}
 _digit_shapes: dict[bytes, int] = {}  # by the line with its digits as 0: no pattern tells them apart
 _own_shapes = itertools.count(1)  # never reused, even after the memo is cleared
 _segments: dict[tuple[int, ...], tuple[list[Unit], list[tuple[int, int]]]] = {}
@@ -303,6 +341,7 @@ def _shape_id(line: str) -> int:
                 line[:1].islower(),
                 depth,
                 kind in (LEAD_IN, TEXT) and announces(line),
+                kind == TEXT and self_contained(line),
             )
             found = _plain_shapes.setdefault(key, len(_plain_shapes))
             if len(_digit_shapes) > 50_000:

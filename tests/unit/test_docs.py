@@ -32,7 +32,7 @@ FOREIGN_FLAGS = {
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--full", "--peers", "--cache", "--modes", "--repeat", "--build", "--profile", "--cluster-enabled", "--check", "--strict",
     # bench/shaping.py
-    "--cost-only", "--baseline", "--rounds", "--corpus-only",
+    "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions",
     # bench/routing_features.py
     "--embedding", "--index", "--tools", "--choices",
     # sglang's server (docs/providers.md)

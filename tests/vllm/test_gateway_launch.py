@@ -178,6 +178,35 @@ def test_cached_tokens_match_admin_stats_and_the_prefix_hit_header(gateway: Gate
     assert totals["requests"] - before["requests"] == 12
 
 
+def test_the_shaping_header_counts_the_stable_prefix_with_the_models_tokenizer(
+    gateway: GatewayProcess, port: int
+) -> None:
+    wait_ready(gateway)
+    system = system_prompt(77, 500)
+    # vLLM's own count of the system prompt's text (no chat-template or special tokens).
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize",
+        data=json.dumps({"model": "tiny", "prompt": system, "add_special_tokens": False}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        expected = json.loads(answer.read())["count"]
+    assert expected != len(system) // 4  # bytes / 4 would not pass for the model's count
+    deadline = time.monotonic() + 30  # the count runs in a worker thread after the first request
+    with client(gateway) as c:
+        while True:
+            raw = c.chat.completions.with_raw_response.create(
+                model="tiny",
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": "q"}],
+                max_tokens=2,
+            )
+            fields = dict(part.split("=", 1) for part in raw.headers["x-switchyard-shaping"].split("; "))
+            if int(fields["stable_prefix_tokens"]) == expected:
+                break
+            assert time.monotonic() < deadline, (fields, expected)
+            time.sleep(0.5)
+
+
 def scrape(port: int) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         return figures_from_text(resp.read().decode(), model_name="tiny")

@@ -217,6 +217,7 @@ def test_the_check_reports_a_broken_structure_a_changed_turn_and_a_reordered_sch
 _PIECES = [
     "You are helpful.",
     "Today is 2026-12-03.",
+    "The user is Ana.",
     "Local time: 10:42.",
     "",
     "# Rules",
@@ -247,6 +248,8 @@ _PIECES = [
 # Once placed after "System info:" the block read as having that lead-in, looked retrieved anew
 # on the next pass and moved again.
 @example(["You are helpful.", "<context>", "</context>", "System info:"], "before_last_user", True)
+# The dated sentence ends the system message after the final section, and reads back as its own unit.
+@example(["Today is 2026-12-03.", "You are helpful.", "# Rules", "You are helpful."], "end_of_system", False)
 def test_structured_prompts_keep_their_meaning_and_shape_once(
     pieces: list[str], placement: str, rag: bool
 ) -> None:
@@ -357,3 +360,61 @@ def test_a_conversation_keeps_its_meaning_and_every_request_shapes_once(
             ]
         else:
             history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": f"q{turn}"}]
+
+
+# Issue #51 item 2: where a unit can only go to the end of the system message, a sentence that
+# names what it is may end it after a final markdown section; nothing that depends on its
+# neighbours does.
+_CODING = (
+    "The current date is {date}.\nYou are Lathe, a coding agent.\n\n## Working method\n"
+    "1. Reproduce the problem first.\n2. Make the smallest change.\n\n## Reporting\n"
+    "End with a short summary.\nKeep it under ten lines.\n"
+)
+
+
+def test_a_self_contained_sentence_ends_the_system_message_after_a_final_section() -> None:
+    units = units_of("Intro.\n## Reporting\nKeep it short.\n\nThe current date is 2026-12-07.")
+    assert units == ["Intro.", "## Reporting\nKeep it short.", "", "The current date is 2026-12-07."]
+    shaper = PolicyShaper(ShapingPolicy.model_validate({"placement": "end_of_system"}))
+    for session, date in enumerate(("2026-12-07", "2026-12-08")):
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"task {session}"}]
+        for turn in range(3):
+            system = _CODING.format(date=date)
+            original = {"messages": [{"role": "system", "content": system}, *copy.deepcopy(history)]}
+            body = copy.deepcopy(original)
+            first = shaper.shape(body)
+            head = body["messages"][0]["content"]
+            assert head.startswith("You are Lathe") and head.endswith(f"lines.\nThe current date is {date}.\n")
+            assert semantic_changes(original, body) == []
+            # Shaping the shaped request again: the same bytes and the same layout.
+            once = copy.deepcopy(body)
+            again = shaper.shape(body)
+            assert body == once
+            assert (again.prefix_hash, again.stable_prefix_tokens) == (
+                first.prefix_hash,
+                first.stable_prefix_tokens,
+            )
+            history += [
+                {"role": "assistant", "content": f"step {turn}"},
+                {"role": "user", "content": "go on"},
+            ]
+
+
+def test_a_unit_that_depends_on_its_neighbours_never_leaves_them_for_the_end() -> None:
+    intro = "You are Lathe, a coding agent.\n\n## Reporting\nEnd with a short summary.\n"
+    for system in (
+        # A list item, a record's field, a line under a lead-in, a line that refers to the section.
+        intro + "Dates:\n- The current date is 2026-12-07.\n- Be brief.",
+        "Today: 2026-12-07\nShell: bash\n" + intro,
+        intro + "Context for the summary:\nThe current date is 2026-12-07.",
+        "These dates are 2026-12-07 and 2026-12-08.\n" + intro,
+        # The sentence is the final section's only content: it stays under its heading.
+        "You are Lathe.\n\n## Date\nThe current date is 2026-12-07.",
+    ):
+        original, body = shaped(system, ("user", "hi"), placement="end_of_system")
+        assert semantic_changes(original, body) == [], system
+        shaped_head = body["messages"][0]["content"]
+        for unit in structures(system):
+            assert unit in shaped_head, (system, unit)
+        if system.startswith(("Today", "These")):
+            assert body == original, system  # at the end it would read as part of "Reporting"
