@@ -219,6 +219,7 @@ class Dispatcher:
             # A request counts for every deployment it may go to: the one that takes over
             # when another fails has the share of all of them to spend.
             self._retry_budget(candidate.name).note_request()
+        hedged = policy.dispatch.hedge.enabled
         last: SwitchyardError | None = None
         extra = 0
         retrying = False
@@ -254,7 +255,9 @@ class Dispatcher:
             if wait_s > 0:
                 await self.clock.sleep(wait_s)
             try:
-                return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
+                if hedged:
+                    return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
+                return await self._one(ctx, run, candidate, attempt, stream)
             except SwitchyardError as exc:
                 last = exc
                 if not may_retry(exc, retries.retry_on) or extra >= retries.max:
@@ -271,6 +274,13 @@ class Dispatcher:
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
         """The next candidate and how long to wait first: an untried one at once (a ready one
         first), else the least-tried one after its backoff (or Retry-After)."""
+        if not run.tries and not run.running:
+            # The first attempt (the usual case): every candidate is fresh and idle.
+            for need_ready in (True, False):
+                for candidate in run.candidates:
+                    if self._admit(candidate.name, need_ready):
+                        return candidate, 0.0
+            return None
         now = self.clock.now()
         idle = [c for c in run.candidates if c.name not in run.running]
         fresh = [c for c in idle if c.name not in run.tries]
@@ -343,7 +353,13 @@ class Dispatcher:
             run.total_s = timeouts.total_s
             run.deadline = asyncio.get_running_loop().time() + timeouts.total_s
         started = self.clock.now()
-        with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
+        # Without a tracer no span is made: a shared no-op scope, not a generator per attempt.
+        scope = (
+            _NO_SPAN
+            if ctx.tracer is None
+            else tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback)
+        )
+        with scope as span:
             try:
                 try:
                     upstream = self.pool.acquire(name)
@@ -385,8 +401,6 @@ class Dispatcher:
         self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
     ) -> T:
         hedge = ctx.snapshot.policy.dispatch.hedge
-        if not hedge.enabled:
-            return await self._one(ctx, run, candidate, attempt, stream)
         delay = self._hedge_delay(candidate.name, hedge, stream)
         first = asyncio.ensure_future(self._one(ctx, run, candidate, attempt, stream))
         owners: dict[asyncio.Future[T], _Candidate] = {first: candidate}
@@ -440,6 +454,9 @@ class Dispatcher:
             ):
                 return candidate
         return None
+
+
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def _discard(result: object) -> None:
