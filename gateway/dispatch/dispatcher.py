@@ -39,6 +39,7 @@ from gateway.dispatch.failures import (
     may_retry,
     retries_same_deployment,
 )
+from gateway.dispatch.hedge import HedgeRace
 from gateway.dispatch.policy import HedgePolicy, Timeouts
 from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
 from gateway.policy import Policy
@@ -400,50 +401,40 @@ class Dispatcher:
     async def _attempt_hedged(
         self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
     ) -> T:
+        """The attempt on ``candidate``, run in this task; each hedge delay it has not
+        delivered, a twin on the next candidate (:class:`HedgeRace`: a request that is not
+        slow creates no task). The first to deliver wins; the others are cancelled."""
         hedge = ctx.snapshot.policy.dispatch.hedge
-        delay = self._hedge_delay(candidate.name, hedge, stream)
-        first = asyncio.ensure_future(self._one(ctx, run, candidate, attempt, stream))
-        owners: dict[asyncio.Future[T], _Candidate] = {first: candidate}
-        pending: set[asyncio.Future[T]] = {first}
-        extra = 0
-        last: BaseException | None = None
+
+        def start_twin() -> tuple[asyncio.Task[T], str] | None:
+            twin = self._hedge_candidate(run)
+            if twin is None or not self.hedge_budget.try_spend():
+                return None
+            ctx.hedged = True
+            self.counters["hedges"] += 1
+            return asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream, hedge=True)), twin.name
+
+        race = HedgeRace(start_twin, hedge.max_extra, self._hedge_delay(candidate.name, hedge, stream))
         try:
-            while pending:
-                can_hedge = extra < hedge.max_extra
-                done, pending = await asyncio.wait(
-                    pending, timeout=delay if can_hedge else None, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
-                    twin = self._hedge_candidate(run)
-                    if twin is None or not self.hedge_budget.try_spend():
-                        extra = hedge.max_extra  # no twin to start: wait for what runs
-                        continue
-                    extra += 1
-                    ctx.hedged = True
-                    self.counters["hedges"] += 1
-                    twin_task = asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream, hedge=True))
-                    owners[twin_task] = twin
-                    pending.add(twin_task)
-                    continue
-                winners = [t for t in done if t.exception() is None]
-                for fut in done:
-                    if fut.exception() is not None:
-                        last = fut.exception()
-                if winners:
-                    for other in winners[1:]:
-                        _discard(other.result())
-                    won = owners[winners[0]]
-                    ctx.deployment = won.name
-                    if won is not candidate:
-                        self.counters["hedges_won"] += 1
-                    return winners[0].result()
-            assert last is not None
-            raise last
+            try:
+                result = await self._one(ctx, run, candidate, attempt, stream)
+            except asyncio.CancelledError:
+                if not race.twin_won():
+                    raise
+                won = race.winner
+            except SwitchyardError as exc:
+                if not race.twins:
+                    raise
+                won = await race.await_twins(exc)
+            else:
+                ctx.deployment = candidate.name
+                return result
+            assert won is not None
+            ctx.deployment = race.twins[won]
+            self.counters["hedges_won"] += 1
+            return race.take(won)
         finally:
-            for fut in pending:
-                fut.cancel()
-            for result in await asyncio.gather(*pending, return_exceptions=True):
-                _discard(result)
+            await race.end()
 
     def _hedge_candidate(self, run: _Run) -> _Candidate | None:
         for candidate in run.candidates:
@@ -457,10 +448,3 @@ class Dispatcher:
 
 
 _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
-
-
-def _discard(result: object) -> None:
-    """Close a losing attempt's stream (a non-stream answer needs nothing)."""
-    if isinstance(result, OpenStream):
-        with contextlib.suppress(Exception):
-            result.close()
