@@ -215,11 +215,12 @@ class Dispatcher:
         policy = ctx.snapshot.policy
         retries = policy.dispatch.retries
         run = _Run(self._candidates(policy, route))
-        self.hedge_budget.note_request()
+        now = self.clock.now()
+        self.hedge_budget.note_request(now)
         for candidate in run.candidates:
             # A request counts for every deployment it may go to: the one that takes over
             # when another fails has the share of all of them to spend.
-            self._retry_budget(candidate.name).note_request()
+            self._retry_budget(candidate.name).note_request(now)
         hedged = policy.dispatch.hedge.enabled
         last: SwitchyardError | None = None
         extra = 0
