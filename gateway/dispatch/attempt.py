@@ -140,17 +140,20 @@ class OpenStream:
         """Return the connection if the stream was read to its end, else drop it. After
         ``[DONE]`` the upstream's end of body usually follows at once: it is awaited off
         the client's path, for at most :data:`DRAIN_AFTER_DONE_S`, so the connection can
-        be reused (an upstream that keeps it open past that loses it)."""
+        be reused (an upstream that keeps it open past that loses it): by the response
+        itself when it can (:meth:`TransportResponse.release_at_end`), else by a task."""
         self._watch.stop()
         if self.scanner.done and (self._eof or self._resp.complete()):
             # The body's end came with [DONE] (the usual case): no drain task to start.
             self._resp.release()
-        elif self.scanner.done:
+        elif not self.scanner.done:
+            self._resp.close()
+        elif not self._resp.release_at_end(DRAIN_AFTER_DONE_S):
+            # A response that cannot wait for its end by itself (aiohttp's client): a task
+            # reads the body out. The built-in client needs no task, only a timer.
             task = asyncio.ensure_future(_drain(self._resp, self._chunks))
             _DRAINING.add(task)
             task.add_done_callback(_DRAINING.discard)
-        else:
-            self._resp.close()
         self._pool.release(self.upstream)
 
 
