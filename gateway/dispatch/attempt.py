@@ -19,7 +19,7 @@ import aiohttp
 
 from gateway.context import RequestContext
 from gateway.dispatch.failures import failure, status_error
-from gateway.dispatch.idle import IdleWatch
+from gateway.dispatch.idle import AttemptWatch
 from gateway.dispatch.policy import Timeouts
 from gateway.errors import SwitchyardError, UpstreamError
 from gateway.providers.base import CacheHints, Provider, Scanner
@@ -50,7 +50,7 @@ class OpenStream:
         "_pool",
         "_resp",
         "_timeouts",
-        "_total_deadline",
+        "_watch",
         "first",
         "on_error",
         "scanner",
@@ -67,7 +67,7 @@ class OpenStream:
         scanner: Scanner,
         first: bytes,
         timeouts: Timeouts,
-        total_deadline: float | None,
+        watch: AttemptWatch,
     ) -> None:
         self._ctx = ctx
         self._pool = pool
@@ -78,30 +78,24 @@ class OpenStream:
         self.scanner = scanner
         self.first = first
         self._timeouts = timeouts
-        self._total_deadline = total_deadline
+        self._watch = watch
+        """The attempt's one timer, from its first token on (bounds each read by ``idle_s``)."""
         self.on_error: Callable[[SwitchyardError], None] | None = None
         """Called with the error that breaks the stream (dispatch counts it against the circuit)."""
 
     async def rest(self) -> AsyncIterator[bytes]:
-        """The rest of the stream, as it arrives; raises when it stalls, breaks or ends early."""
-        try:
-            async for out in self._rest():
-                yield out
-        except SwitchyardError as exc:
-            if self.on_error is not None:
-                self.on_error(exc)
-            raise
-
-    async def _rest(self) -> AsyncIterator[bytes]:
+        """The rest of the stream, as it arrives; raises when it stalls, breaks or ends early
+        (after telling :attr:`on_error`). One generator, not one wrapping another: a layer
+        costs each chunk of a token stream one more resumption."""
         ctx, scanner, idle_s = self._ctx, self.scanner, self._timeouts.idle_s
         if scanner.done:
             return
-        loop = asyncio.get_running_loop()
         name = self.upstream.name
-        watch = IdleWatch(idle_s, self._total_deadline)
+        watch = self._watch
+        watch.rebind()
         try:
             while True:
-                watch.reading()
+                watch.within(idle_s)
                 try:
                     chunk = await anext(self._chunks)
                 except StopAsyncIteration:
@@ -110,16 +104,15 @@ class OpenStream:
                 except asyncio.CancelledError:
                     if not watch.expired():
                         raise
-                    if self._total_deadline is not None and loop.time() >= self._total_deadline:
-                        raise _total_timeout(name, self._timeouts) from None
-                    raise failure(
-                        "idle_timeout",
-                        f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream",
-                    ) from None
+                    if watch.at_total():
+                        raise self._broken(_total_timeout(name, self._timeouts)) from None
+                    message = (
+                        f"deployment '{name}' sent nothing for idle_s={idle_s} in the middle of the stream"
+                    )
+                    raise self._broken(failure("idle_timeout", message)) from None
                 except aiohttp.ClientError as exc:
-                    raise failure(
-                        "upstream_disconnected", f"deployment '{name}' broke the stream: {_describe(exc)}"
-                    ) from None
+                    message = f"deployment '{name}' broke the stream: {_describe(exc)}"
+                    raise self._broken(failure("upstream_disconnected", message)) from None
                 watch.idle()
                 out = scanner.feed(chunk)
                 if out:
@@ -127,30 +120,40 @@ class OpenStream:
                     ctx.chunks = scanner.chunks
                     yield out
                 if scanner.malformed is not None:
-                    raise malformed_error(name, scanner.malformed)
+                    raise self._broken(malformed_error(name, scanner.malformed))
                 if scanner.done:
                     # The end is [DONE] itself: the client's answer ends now, whether or not
                     # the upstream ends its body (close() deals with the connection).
                     return
         finally:
             watch.stop()
-        if not scanner.done:
-            raise failure("stream_incomplete", f"deployment '{name}' ended the stream before it finished")
+        message = f"deployment '{name}' ended the stream before it finished"
+        raise self._broken(failure("stream_incomplete", message))
+
+    def _broken(self, exc: SwitchyardError) -> SwitchyardError:
+        """``exc`` ends the stream: told to :attr:`on_error` (dispatch counts it against the circuit)."""
+        if self.on_error is not None:
+            self.on_error(exc)
+        return exc
 
     def close(self) -> None:
         """Return the connection if the stream was read to its end, else drop it. After
         ``[DONE]`` the upstream's end of body usually follows at once: it is awaited off
         the client's path, for at most :data:`DRAIN_AFTER_DONE_S`, so the connection can
-        be reused (an upstream that keeps it open past that loses it)."""
+        be reused (an upstream that keeps it open past that loses it): by the response
+        itself when it can (:meth:`TransportResponse.release_at_end`), else by a task."""
+        self._watch.stop()
         if self.scanner.done and (self._eof or self._resp.complete()):
             # The body's end came with [DONE] (the usual case): no drain task to start.
             self._resp.release()
-        elif self.scanner.done:
+        elif not self.scanner.done:
+            self._resp.close()
+        elif not self._resp.release_at_end(DRAIN_AFTER_DONE_S):
+            # A response that cannot wait for its end by itself (aiohttp's client): a task
+            # reads the body out. The built-in client needs no task, only a timer.
             task = asyncio.ensure_future(_drain(self._resp, self._chunks))
             _DRAINING.add(task)
             task.add_done_callback(_DRAINING.discard)
-        else:
-            self._resp.close()
         self._pool.release(self.upstream)
 
 
@@ -228,33 +231,34 @@ async def unary_attempt(
     """
     prepared = upstream.prepare(body, stream=False, hints=_hints(ctx))
     name = upstream.name
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    first_s = timeouts.first_byte_s
-    first_deadline = _earliest(deadline, start + first_s if first_s else None)
     resp: TransportResponse | None = None
     parts: list[bytes] = []
+    # One timer for every wait of the attempt (the first byte, then each read).
+    watch = AttemptWatch(deadline)
     try:
         try:
-            async with asyncio.timeout_at(first_deadline) as scope:
-                resp = await upstream.send(
-                    endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
-                )
-                chunks = resp.iter_chunks()
-                first = await anext(chunks, b"")
-        except TimeoutError:
-            if not scope.expired():
-                raise _connect_timeout(name, timeouts) from None
-            if first_deadline == deadline:
+            watch.within(timeouts.first_byte_s)
+            resp = await upstream.send(
+                endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
+            )
+            chunks = resp.iter_chunks()
+            first = await anext(chunks, b"")
+        except TimeoutError:  # the connection's own bound (connect_s), not the watch's
+            raise _connect_timeout(name, timeouts) from None
+        except asyncio.CancelledError:
+            if not watch.expired():
+                raise
+            if watch.at_total():
                 raise _total_timeout(name, timeouts) from None
             raise failure(
-                "first_byte_timeout", f"deployment '{name}' sent no answer within first_byte_s={first_s}"
+                "first_byte_timeout",
+                f"deployment '{name}' sent no answer within first_byte_s={timeouts.first_byte_s}",
             ) from None
         if first:
             parts.append(first)
             # A small answer arrives whole with its headers: no read left to bound.
             if not resp.complete():
-                await _read_rest(chunks, parts, name, timeouts, deadline)
+                await _read_rest(chunks, parts, name, timeouts, watch)
     except aiohttp.ClientError as exc:
         if resp is not None:
             resp.close()
@@ -266,6 +270,7 @@ async def unary_attempt(
     else:
         resp.release()
     finally:
+        watch.stop()
         pool.release(upstream)
     data = b"".join(parts) if len(parts) != 1 else parts[0]
     if resp.status >= 300:  # a redirect is never an answer
@@ -280,22 +285,23 @@ async def unary_attempt(
 
 
 async def _read_rest(
-    chunks: AsyncIterator[bytes], parts: list[bytes], name: str, timeouts: Timeouts, deadline: float | None
+    chunks: AsyncIterator[bytes], parts: list[bytes], name: str, timeouts: Timeouts, watch: AttemptWatch
 ) -> None:
-    """Read a non-stream body to its end, each read bounded by ``idle_s`` and ``deadline``."""
-    loop = asyncio.get_running_loop()
+    """Read a non-stream body to its end, each read bounded by ``idle_s`` and the total deadline."""
     idle_s = timeouts.idle_s
     while True:
-        read_deadline = _earliest(deadline, loop.time() + idle_s if idle_s else None)
+        watch.within(idle_s)
         try:
-            async with asyncio.timeout_at(read_deadline):
-                chunk = await anext(chunks, None)
-        except TimeoutError:
-            if read_deadline == deadline:
+            chunk = await anext(chunks, None)
+        except asyncio.CancelledError:
+            if not watch.expired():
+                raise
+            if watch.at_total():
                 raise _total_timeout(name, timeouts) from None
             raise failure(
                 "body_timeout", f"deployment '{name}' stopped its answer for idle_s={idle_s}"
             ) from None
+        watch.idle()
         if chunk is None:
             return
         parts.append(chunk)
@@ -325,62 +331,56 @@ async def stream_attempt(
         strip_usage=prepared.strip_usage, shown_model=upstream.shown_model(ctx.requested_model)
     )
     name = upstream.name
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    first_deadline = _earliest(deadline, start + timeouts.first_token_s if timeouts.first_token_s else None)
     resp: TransportResponse | None = None
+    # One timer for the whole attempt: the first token here, then each read of the stream
+    # (the returned OpenStream keeps it).
+    watch = AttemptWatch(deadline)
     try:
-        async with asyncio.timeout_at(first_deadline) as scope:
-            try:
-                resp = await upstream.send(
-                    endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
-                )
-                if resp.status >= 300:  # a redirect is never an answer
-                    data = await resp.read()
-                    raise _status_error(upstream, resp.status, data, resp)
-                chunks = resp.iter_chunks()
-                first = b""
-                while not first and not scanner.done:
-                    try:
-                        chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        cut = f" (a cut-off event: {scanner.pending[:80]!r})" if scanner.pending else ""
-                        message = f"deployment '{name}' closed the stream before its first event{cut}"
-                        raise failure("empty_answer", message) from None
-                    first = scanner.feed(chunk)
-                    if scanner.malformed is not None:
-                        raise malformed_error(name, scanner.malformed)
-                    if scanner.error is not None:
-                        raise error_event_failure(name, scanner.error)
-                if scanner.done and first.lstrip().startswith(b"data: [DONE]"):
-                    raise failure("empty_answer", f"deployment '{name}' sent [DONE] and no answer event")
-            except TimeoutError:
-                if scope.expired():
-                    raise
-                raise _connect_timeout(name, timeouts) from None
-            except aiohttp.ClientError as exc:
-                raise _client_error(name, exc) from None
-    except BaseException as exc:
-        if resp is not None:
-            resp.close()
-        pool.release(upstream)
-        if isinstance(exc, TimeoutError):
-            if first_deadline == deadline:
+        watch.within(timeouts.first_token_s)
+        try:
+            resp = await upstream.send(
+                endpoint, prepared.body, headers=_headers(ctx), connect_timeout_s=timeouts.connect_s
+            )
+            if resp.status >= 300:  # a redirect is never an answer
+                data = await resp.read()
+                raise _status_error(upstream, resp.status, data, resp)
+            chunks = resp.iter_chunks()
+            first = b""
+            while not first and not scanner.done:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    cut = f" (a cut-off event: {scanner.pending[:80]!r})" if scanner.pending else ""
+                    message = f"deployment '{name}' closed the stream before its first event{cut}"
+                    raise failure("empty_answer", message) from None
+                first = scanner.feed(chunk)
+                if scanner.malformed is not None:
+                    raise malformed_error(name, scanner.malformed)
+                if scanner.error is not None:
+                    raise error_event_failure(name, scanner.error)
+            if scanner.done and first.lstrip().startswith(b"data: [DONE]"):
+                raise failure("empty_answer", f"deployment '{name}' sent [DONE] and no answer event")
+        except TimeoutError:  # the connection's own bound (connect_s), not the watch's
+            raise _connect_timeout(name, timeouts) from None
+        except asyncio.CancelledError:
+            if not watch.expired():
+                raise
+            if watch.at_total():
                 raise _total_timeout(name, timeouts) from None
             raise failure(
                 "first_token_timeout",
                 f"deployment '{name}' sent no first token within first_token_s={timeouts.first_token_s}",
             ) from None
+        except aiohttp.ClientError as exc:
+            raise _client_error(name, exc) from None
+        watch.idle()
+    except BaseException:
+        watch.stop()
+        if resp is not None:
+            resp.close()
+        pool.release(upstream)
         raise
-    return OpenStream(ctx, pool, upstream, resp, chunks, scanner, first, timeouts, deadline)
-
-
-def _earliest(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
+    return OpenStream(ctx, pool, upstream, resp, chunks, scanner, first, timeouts, watch)
 
 
 def _status_error(upstream: Provider, status: int, body: bytes, resp: TransportResponse) -> SwitchyardError:

@@ -21,14 +21,16 @@ class WindowCounter:
     def resize(self, window_s: float) -> None:
         self._window_s = window_s
 
-    def add(self, n: float = 1.0) -> None:
-        second = math.floor(self._clock.now())
+    def add(self, n: float = 1.0, now: float | None = None) -> None:
+        """Count ``n`` events now (``now``: the clock's time, when the caller has read it)."""
+        second = math.floor(self._clock.now() if now is None else now)
         buckets = self._buckets
         if buckets and buckets[-1][0] == second:
+            # Older buckets were trimmed when this second's was opened.
             buckets[-1][1] += n
         else:
             buckets.append([second, n])
-        self._trim(second)
+            self._trim(second)
 
     def total(self) -> float:
         self._trim(math.floor(self._clock.now()))
@@ -61,8 +63,9 @@ class Budget:
         self._requests.resize(window_s)
         self._extra.resize(window_s)
 
-    def note_request(self) -> None:
-        self._requests.add()
+    def note_request(self, now: float | None = None) -> None:
+        """One more request the budget is a share of (``now``: the clock's time, if read)."""
+        self._requests.add(1.0, now)
 
     def try_spend(self) -> bool:
         """Take one extra attempt from the budget; False (and counted) when it is used up."""

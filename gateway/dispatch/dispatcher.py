@@ -39,6 +39,7 @@ from gateway.dispatch.failures import (
     may_retry,
     retries_same_deployment,
 )
+from gateway.dispatch.hedge import HedgeRace
 from gateway.dispatch.policy import HedgePolicy, Timeouts
 from gateway.errors import RateLimitError, SwitchyardError, UpstreamUnavailableError
 from gateway.policy import Policy
@@ -214,11 +215,13 @@ class Dispatcher:
         policy = ctx.snapshot.policy
         retries = policy.dispatch.retries
         run = _Run(self._candidates(policy, route))
-        self.hedge_budget.note_request()
+        now = self.clock.now()
+        self.hedge_budget.note_request(now)
         for candidate in run.candidates:
             # A request counts for every deployment it may go to: the one that takes over
             # when another fails has the share of all of them to spend.
-            self._retry_budget(candidate.name).note_request()
+            self._retry_budget(candidate.name).note_request(now)
+        hedged = policy.dispatch.hedge.enabled
         last: SwitchyardError | None = None
         extra = 0
         retrying = False
@@ -254,7 +257,9 @@ class Dispatcher:
             if wait_s > 0:
                 await self.clock.sleep(wait_s)
             try:
-                return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
+                if hedged:
+                    return await self._attempt_hedged(ctx, run, candidate, attempt, stream)
+                return await self._one(ctx, run, candidate, attempt, stream)
             except SwitchyardError as exc:
                 last = exc
                 if not may_retry(exc, retries.retry_on) or extra >= retries.max:
@@ -271,6 +276,13 @@ class Dispatcher:
     def _pick(self, run: _Run, base_s: float, max_s: float) -> tuple[_Candidate, float] | None:
         """The next candidate and how long to wait first: an untried one at once (a ready one
         first), else the least-tried one after its backoff (or Retry-After)."""
+        if not run.tries and not run.running:
+            # The first attempt (the usual case): every candidate is fresh and idle.
+            for need_ready in (True, False):
+                for candidate in run.candidates:
+                    if self._admit(candidate.name, need_ready):
+                        return candidate, 0.0
+            return None
         now = self.clock.now()
         idle = [c for c in run.candidates if c.name not in run.running]
         fresh = [c for c in idle if c.name not in run.tries]
@@ -343,7 +355,13 @@ class Dispatcher:
             run.total_s = timeouts.total_s
             run.deadline = asyncio.get_running_loop().time() + timeouts.total_s
         started = self.clock.now()
-        with tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback) as span:
+        # Without a tracer no span is made: a shared no-op scope, not a generator per attempt.
+        scope = (
+            _NO_SPAN
+            if ctx.tracer is None
+            else tracing.attempt_span(ctx, name, candidate.tier, hedge, candidate.fallback)
+        )
+        with scope as span:
             try:
                 try:
                     upstream = self.pool.acquire(name)
@@ -384,52 +402,40 @@ class Dispatcher:
     async def _attempt_hedged(
         self, ctx: RequestContext, run: _Run, candidate: _Candidate, attempt: Attempt[T], stream: bool
     ) -> T:
+        """The attempt on ``candidate``, run in this task; each hedge delay it has not
+        delivered, a twin on the next candidate (:class:`HedgeRace`: a request that is not
+        slow creates no task). The first to deliver wins; the others are cancelled."""
         hedge = ctx.snapshot.policy.dispatch.hedge
-        if not hedge.enabled:
-            return await self._one(ctx, run, candidate, attempt, stream)
-        delay = self._hedge_delay(candidate.name, hedge, stream)
-        first = asyncio.ensure_future(self._one(ctx, run, candidate, attempt, stream))
-        owners: dict[asyncio.Future[T], _Candidate] = {first: candidate}
-        pending: set[asyncio.Future[T]] = {first}
-        extra = 0
-        last: BaseException | None = None
+
+        def start_twin() -> tuple[asyncio.Task[T], str] | None:
+            twin = self._hedge_candidate(run)
+            if twin is None or not self.hedge_budget.try_spend():
+                return None
+            ctx.hedged = True
+            self.counters["hedges"] += 1
+            return asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream, hedge=True)), twin.name
+
+        race = HedgeRace(start_twin, hedge.max_extra, self._hedge_delay(candidate.name, hedge, stream))
         try:
-            while pending:
-                can_hedge = extra < hedge.max_extra
-                done, pending = await asyncio.wait(
-                    pending, timeout=delay if can_hedge else None, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
-                    twin = self._hedge_candidate(run)
-                    if twin is None or not self.hedge_budget.try_spend():
-                        extra = hedge.max_extra  # no twin to start: wait for what runs
-                        continue
-                    extra += 1
-                    ctx.hedged = True
-                    self.counters["hedges"] += 1
-                    twin_task = asyncio.ensure_future(self._one(ctx, run, twin, attempt, stream, hedge=True))
-                    owners[twin_task] = twin
-                    pending.add(twin_task)
-                    continue
-                winners = [t for t in done if t.exception() is None]
-                for fut in done:
-                    if fut.exception() is not None:
-                        last = fut.exception()
-                if winners:
-                    for other in winners[1:]:
-                        _discard(other.result())
-                    won = owners[winners[0]]
-                    ctx.deployment = won.name
-                    if won is not candidate:
-                        self.counters["hedges_won"] += 1
-                    return winners[0].result()
-            assert last is not None
-            raise last
+            try:
+                result = await self._one(ctx, run, candidate, attempt, stream)
+            except asyncio.CancelledError:
+                if not race.twin_won():
+                    raise
+                won = race.winner
+            except SwitchyardError as exc:
+                if not race.twins:
+                    raise
+                won = await race.await_twins(exc)
+            else:
+                ctx.deployment = candidate.name
+                return result
+            assert won is not None
+            ctx.deployment = race.twins[won]
+            self.counters["hedges_won"] += 1
+            return race.take(won)
         finally:
-            for fut in pending:
-                fut.cancel()
-            for result in await asyncio.gather(*pending, return_exceptions=True):
-                _discard(result)
+            await race.end()
 
     def _hedge_candidate(self, run: _Run) -> _Candidate | None:
         for candidate in run.candidates:
@@ -442,8 +448,4 @@ class Dispatcher:
         return None
 
 
-def _discard(result: object) -> None:
-    """Close a losing attempt's stream (a non-stream answer needs nothing)."""
-    if isinstance(result, OpenStream):
-        with contextlib.suppress(Exception):
-            result.close()
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()

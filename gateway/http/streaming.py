@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -51,7 +51,11 @@ async def forward_stream(
     try:
         await resp.prepare(request)
         headers_sent = False
-        async for chunk in _whole(opened):
+        # The first events (in hand), then the rest as it arrives: read straight from the
+        # stream's own generator, not through another one (a resumption per chunk).
+        rest = opened.rest()
+        chunk: bytes | None = opened.first
+        while chunk is not None:
             out = translate(chunk) if translate is not None else chunk
             if finished():
                 tail += out
@@ -59,6 +63,7 @@ async def forward_stream(
                 # The first write carries the headers, even when it has no events of its own.
                 await resp.write(out)
                 headers_sent = True
+            chunk = await anext(rest, None)
     except SwitchyardError as exc:
         # Headers are gone; end the stream with an error event, never a silent cut.
         tail += error_event(for_client(request.app, ctx, exc))
@@ -84,10 +89,3 @@ async def forward_stream(
         with contextlib.suppress(ConnectionError):
             await resp.write_eof(tail)
     return resp
-
-
-async def _whole(opened: AnswerStream) -> AsyncIterator[bytes]:
-    """The stream from its first event (already received) to its end."""
-    yield opened.first
-    async for out in opened.rest():
-        yield out

@@ -47,6 +47,7 @@ class Http1Response(TransportResponse):
         "_conn",
         "_decoder",
         "_done",
+        "_draining",
         "_error",
         "_finished",
         "_size",
@@ -66,12 +67,13 @@ class Http1Response(TransportResponse):
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: Any = None  # a zlib decompressor for a gzip/deflate body
         self._finished = False  # closed or released
+        self._draining: asyncio.TimerHandle | None = None  # release_at_end's deadline
 
     # -- fed by the connection ---------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
-        if self._error is not None:
-            return
+        if self._error is not None or self._draining is not None:
+            return  # nobody reads a drained body: its bytes are dropped
         if self._decoder is not None:
             try:
                 data = self._decoder.decompress(data)
@@ -88,6 +90,10 @@ class Http1Response(TransportResponse):
         self._wake()
 
     def _end(self) -> None:
+        if self._draining is not None:
+            self._done = True
+            self.release()  # the end came: the connection can carry the next request
+            return
         if self._decoder is not None and self._error is None:
             tail = self._decoder.flush()
             if not self._decoder.eof:
@@ -101,6 +107,9 @@ class Http1Response(TransportResponse):
     def _fail(self, error: BaseException) -> None:
         if self._error is None and not self._done:
             self._error = error
+            if self._draining is not None:
+                self.close()
+                return
             self._wake()
 
     def _wake(self) -> None:
@@ -145,15 +154,36 @@ class Http1Response(TransportResponse):
     def close(self) -> None:
         if not self._finished:
             self._finished = True
+            self._stop_draining()
             self._conn.drop()
 
     def release(self) -> None:
         if not self._finished:
             self._finished = True
+            self._stop_draining()
             if self._done and self._error is None:
                 self._conn.recycle()
             else:
                 self._conn.drop()
+
+    def release_at_end(self, within_s: float) -> bool:
+        # A timer and the parser's end callback instead of a task reading the body out.
+        if self._finished:
+            return True
+        if self._done or self._error is not None:
+            self.release()
+            return True
+        self._chunks = []
+        if self._size > READ_HIGH_WATER_BYTES:
+            self._conn.resume_reading()
+        self._size = 0
+        self._draining = self._conn.loop.call_later(within_s, self.close)
+        return True
+
+    def _stop_draining(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
 
 
 class Connection(asyncio.Protocol):

@@ -48,6 +48,13 @@ class TransportResponse(ABC):
     def release(self) -> None:
         """Return a fully read connection to the pool."""
 
+    def release_at_end(self, within_s: float) -> bool:
+        """The answer is complete but its body has not ended: drop the bytes still to come,
+        return the connection to the pool when the end arrives within ``within_s``, else
+        close it, all without a reader. ``False`` when this response cannot (the caller
+        then reads the body to its end itself)."""
+        return False
+
 
 class Transport(ABC):
     """Sends requests to one base URL. Raises ``aiohttp.ClientError`` subclasses on

@@ -375,3 +375,74 @@ def test_a_policy_header_with_a_line_break_fails_each_request_not_the_load() -> 
             await transport.send("/x", {}, headers={}, connect_timeout_s=1)
 
     run(main())
+
+
+def _sse_head() -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def test_an_answer_whose_body_ends_late_is_released_when_the_end_comes() -> None:
+    """[DONE] came but not the body's end: release_at_end drops what follows and returns
+    the connection when the end arrives (no reader, no task), so the next request reuses it."""
+
+    async def main() -> None:
+        ended = asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            writer.write(_sse_head() + _chunk(b"data: [DONE]\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(_chunk(b": bytes after the answer\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+            ended.set()
+            while True:
+                await server.read_request(reader)
+                writer.write(answer(b'{"second":true}'))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server:
+            transport = Http1Transport(server.url, deployment())
+            resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+            assert await anext(resp.iter_chunks()) == b"data: [DONE]\n\n"
+            assert not resp.complete()
+            assert resp.release_at_end(0.5)
+            await ended.wait()
+            await asyncio.sleep(0.05)
+            assert await post(transport) == (200, b'{"second":true}')
+            assert server.connections == 1
+            await transport.close()
+
+    run(main())
+
+
+def test_an_answer_whose_body_does_not_end_in_time_loses_its_connection() -> None:
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            if server.connections == 1:
+                writer.write(_sse_head() + _chunk(b"data: [DONE]\n\n"))
+                await writer.drain()
+                await reader.read()  # never ends the body; waits for the client to close
+                return
+            writer.write(answer(b"{}"))
+            await writer.drain()
+            await reader.read()
+
+        server = Server(handler)
+        async with server:
+            transport = Http1Transport(server.url, deployment())
+            resp = await transport.send("/x", {}, headers={}, connect_timeout_s=2)
+            assert await anext(resp.iter_chunks()) == b"data: [DONE]\n\n"
+            assert resp.release_at_end(0.2)
+            await asyncio.sleep(0.3)
+            assert await post(transport) == (200, b"{}")
+            assert server.connections == 2
+            await transport.close()
+
+    run(main())
