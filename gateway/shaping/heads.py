@@ -360,14 +360,16 @@ class HeadReader:
             ):
                 return None  # the skeleton's line may change
             affected[u] = None
-        texts, detected, hashes = list(old.texts), list(old.detected), list(old.hashes)
+        # Which units a detector fires in stays as it was (else the head is read afresh below):
+        # the old head's list is shared, not copied (a head's lists are never mutated).
+        detected = old.detected
+        texts, hashes = list(old.texts), list(old.hashes)
         for u in affected:
             unit = units[u]
+            if any(fired[unit.start : unit.end]) != detected[u]:
+                return None  # which lines the skeleton is chosen from changes
             text = unit_text(lines, unit)
             texts[u] = text
-            detected[u] = any(fired[unit.start : unit.end])
-            if detected[u] != old.detected[u]:
-                return None  # which lines the skeleton is chosen from changes
             hashes[u] = line_hash(text)
         head = Head(
             lines,

@@ -269,11 +269,14 @@ def _history_keys(messages: list[Any]) -> tuple[int | None, list[int]]:
     message) and the hashes of the prefixes a previous request of its conversation would
     have sent: the turns before each answer, from the newest back."""
     start = 1 if messages and isinstance(messages[0], dict) and messages[0].get("role") in _HEAD_ROLES else 0
-    turns = messages[start:]
-    keys = list(map(_message_key, turns))
+    keys: list[int] = []
+    answers: list[int] = []  # the turns that are answers (not the first turn)
+    for i, message in enumerate(messages[start:]):  # one pass: keys and answers
+        keys.append(_message_key(message))
+        if i and isinstance(message, dict) and message.get("role") == "assistant":
+            answers.append(i)
     if not keys:
         return None, []
-    answers = [i for i, m in enumerate(turns) if i and isinstance(m, dict) and m.get("role") == "assistant"]
     candidates = [hash(tuple(keys[:i])) for i in reversed(answers[-_PREDECESSORS_TRIED:])]
     return hash(tuple(keys)), candidates
 

@@ -31,6 +31,8 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 import structlog
 from redis.asyncio import Redis
@@ -61,6 +63,10 @@ class _Counts:
     fresh: bool = False  # loaded from Redis at least once
     calls: int = 0  # requests seen by this process, counted or not
     loaded_at_calls: int = -1  # ``calls`` when it was last loaded
+    last: tuple[dict[str, int], int, int, list[str], list[bool | None]] | None = None
+    """The last verdicts read (see :meth:`StabilityModel.verdicts`): the counts they were read
+    from (``lines``, the very dict, and ``n``), the count they needed, the hashes and the
+    verdicts (neither list is changed after: callers copy the verdicts they change)."""
 
 
 class StabilityModel:
@@ -82,7 +88,25 @@ class StabilityModel:
         # Counts are whole: count >= share * n is count >= its ceiling.
         need = math.ceil(stable_share * counts.n)
         get = counts.lines.get
-        return [get(h, 0) >= need for h in hashes]
+        last = counts.last
+        if (
+            last is not None
+            and last[0] is counts.lines
+            and last[1] == counts.n
+            and last[2] == need
+            and len(last[3]) == len(hashes)
+        ):
+            # The counts are as they were (a busy template's requests are counted one in a few;
+            # a count changes only with ``n``, or with a new dict): a unit whose hash is the very
+            # string read then has the verdict it had. A template's next head shares the strings
+            # of its unchanged units, so only the others are looked up.
+            out = list(last[4])
+            for i in compress(range(len(hashes)), map(is_not, hashes, last[3])):
+                out[i] = get(hashes[i], 0) >= need
+        else:
+            out = [get(h, 0) >= need for h in hashes]
+        counts.last = (counts.lines, counts.n, need, hashes, out)
+        return out
 
     def observe(self, template: str, hashes: list[str], writer: StatsWriter | None) -> None:
         """Count one request of ``template`` carrying these lines."""

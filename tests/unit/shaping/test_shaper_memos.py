@@ -358,3 +358,38 @@ def test_tools_sent_again_in_another_key_order_shape_as_afresh(
         b = PolicyShaper(ShapingPolicy(sort_tools=sort)).shape(afresh, StabilityModel())
         assert orjson.dumps(again) == orjson.dumps(afresh)
         assert (a.header(), a.prefix_hash, a.rendered_tools) == (b.header(), b.prefix_hash, b.rendered_tools)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),  # counted (observed) before this read
+            st.sampled_from([0.5, 0.8, 1.0]),  # the policy's stable share (policies share a model)
+            st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=6),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_verdicts_read_against_the_last_are_the_counts_verdicts(
+    steps: list[tuple[bool, float, list[tuple[int, bool]]]],
+) -> None:
+    """The verdicts of a template whose counts did not change since its last read are re-read
+    only for the hashes that are not the very strings read then: whatever was counted in
+    between, whichever share is asked, equal strings or the same ones, they are the counts'."""
+    import math
+
+    model = StabilityModel()
+    pool = [f"{i:08x}" for i in range(6)]
+    model.observe("t", pool[:3], None)
+    for counted, share, picks in steps:
+        # A shared string (as a head read against the last shares its unchanged units') or an
+        # equal new one.
+        hashes = [pool[p] if same else "".join(list(pool[p])) for p, same in picks]
+        if counted:
+            model.observe("t", hashes, None)
+        got = model.verdicts("t", hashes, 1, share)
+        counts = model._templates["t"]
+        need = math.ceil(share * counts.n)
+        assert got == [counts.lines.get(h, 0) >= need for h in hashes]
