@@ -232,7 +232,10 @@ class FleetBed:
             port = _port(host, 6379, bus=True)
             wd = self.workdir / f"redis-{i + 1}"
             wd.mkdir(parents=True, exist_ok=True)
-            (wd / "nodes.conf").unlink(missing_ok=True)  # a cluster of its own, every time
+            # A cluster of its own, every time: no node table, and no data a replica's sync
+            # wrote last time (Redis loads a dump.rdb it finds, even with saving off).
+            (wd / "nodes.conf").unlink(missing_ok=True)
+            (wd / "dump.rdb").unlink(missing_ok=True)
             argv = [
                 "redis-server", "--bind", host.address, "--port", str(port), "--cluster-enabled", "yes",
                 "--cluster-config-file", str(wd / "nodes.conf"), "--dir", str(wd),
