@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -28,6 +27,7 @@ import orjson
 from gateway.replicas.policy import replica_urls
 from gateway.shaping.chat_template import PLAIN, PROBES, render_placement
 from gateway.shaping.policy import Placement
+from gateway.shaping.tokens import launched_model_dir
 
 if TYPE_CHECKING:
     from gateway.policy import Deployment, Policy
@@ -130,10 +130,10 @@ class ProbedPlacements:
         """For a vLLM Switchyard launches from a model directory: what its chat template
         renders, known before vLLM answers (:mod:`gateway.shaping.chat_template`)."""
 
-        model = (spec.launch.model if spec.launch is not None else None) or spec.model
-        if spec.launch is None or not model or not Path(model).is_dir():
+        model_dir = launched_model_dir(spec)
+        if model_dir is None:
             return
-        found = render_placement(Path(model))
+        found = render_placement(model_dir)
         if found is not None:
             self.found[key] = found
             self.version += 1
