@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -124,13 +125,23 @@ class EmbeddedRedis:
             preexec_fn=child_preexec,
         )
         deadline = time.monotonic() + timeout_s
-        while not os.path.exists(self.socket_path):
+        # The socket file appears at bind(), a moment before listen(): wait until it accepts.
+        while not self._accepts():
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                 raise EmbeddedRedisError(f"redis-server exited at start: {err.strip()}")
             if time.monotonic() > deadline:
                 raise EmbeddedRedisError("redis-server did not open its socket in time")
             time.sleep(0.01)
+
+    def _accepts(self) -> bool:
+        """Whether the socket takes a connection now (closed at once)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(self.socket_path)
+            except OSError:  # not there yet, or bound and not listening yet
+                return False
+        return True
 
     def _watch(self) -> None:
         backoff_s = self.RESTART_BACKOFF_S
