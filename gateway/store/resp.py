@@ -4,9 +4,9 @@
 A cache miss must cost the request almost nothing over the cache off (issue #55: 30 µs
 of CPU), and redis-py's asyncio client spends 150-300 µs of CPU per command (a pool
 checkout, a stream reader, a retry wrapper, timeout contexts, a task per store). Here a
-lookup is one future; the commands of one turn of the event loop leave in one write (so
-do their replies, in one read); a store has no future and waits for the next command's
-write (at most ``_HOLD_S``); replies are parsed in ``data_received``.
+lookup is one future; the commands of one turn of the event loop leave in one write, at
+its end (so do their replies, in one read); a store has no future (its reply is only
+checked); replies are parsed in ``data_received``.
 
 The bound is the request path's :class:`~gateway.store.gate.RedisGate`: a command not
 answered within ``gate.timeout_s`` (and two more turns of the event loop, as the gate
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from redis.connection import UnixDomainSocketConnection, parse_url
@@ -42,9 +43,8 @@ _HANDSHAKE: Any = object()
 _GET = b"*2\r\n$3\r\nGET\r\n$"
 _DEL = b"*2\r\n$3\r\nDEL\r\n$"
 _SET = b"*5\r\n$3\r\nSET\r\n$"
+_PTTL = b"*2\r\n$4\r\nPTTL\r\n$"
 _PING = b"*1\r\n$4\r\nPING\r\n"
-_HOLD_S = 0.005
-"""How long a store may wait for the next command's write (at most a quarter of the bound)."""
 
 
 def _command(*args: bytes) -> bytes:
@@ -82,6 +82,8 @@ class RespClient:
     ``get`` returns a future (await it: bytes, None for a missing key, or one of the
     gate's faults); ``set`` and ``delete`` send and return at once, their replies only
     checked for faults. :meth:`sync` waits until every command sent so far is answered.
+    :attr:`on_lost` is called when a connection is lost or a command nobody waits for
+    fails (the response cache's local view then stops trusting what it wrote).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class RespClient:
         self._conn: _Connection | None = None
         self.connects = 0
         """Connections opened, since start (one, while Redis stays up)."""
+        self.on_lost: Callable[[], None] | None = None
 
     def _connection(self) -> _Connection:
         conn = self._conn
@@ -116,18 +119,37 @@ class RespClient:
         conn.send(b"%b%d\r\n%b\r\n" % (_GET, len(k), k), fut)
         return fut
 
+    def get_pttl(self, key: str) -> tuple[asyncio.Future[bytes | None], asyncio.Future[int]]:
+        """``GET key`` and ``PTTL key`` in the same write: the value and its milliseconds
+        left (-1: no expiry, -2: no such key)."""
+        conn = self._connection()
+        k = key.encode()
+        fut: asyncio.Future[bytes | None] = conn.loop.create_future()
+        ttl: asyncio.Future[int] = conn.loop.create_future()
+        conn.send(b"%b%d\r\n%b\r\n" % (_GET, len(k), k), fut)
+        conn.send(b"%b%d\r\n%b\r\n" % (_PTTL, len(k), k), ttl)
+        return fut, ttl
+
+    def command(self, *args: bytes) -> asyncio.Future[Any]:
+        """Any command whose reply is a status, an integer or a bulk string, as a future."""
+        conn = self._connection()
+        fut: asyncio.Future[Any] = conn.loop.create_future()
+        conn.send(_command(*args), fut)
+        return fut
+
     def set(self, key: str, value: bytes, px_ms: int) -> None:
-        """``SET key value PX px_ms``, not waited for (a failure is counted by the gate)."""
+        """``SET key value PX px_ms``, sent at the end of this turn of the loop and not
+        waited for (a failure is counted by the gate)."""
         k, ttl = key.encode(), b"%d" % px_ms
         data = b"%b%d\r\n%b\r\n$%d\r\n%b\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (
             _SET, len(k), k, len(value), value, len(ttl), ttl,
         )  # fmt: skip
-        self._connection().send_later(data)
+        self._connection().send(data, None)
 
     def delete(self, key: str) -> None:
         """``DEL key``, not waited for."""
         k = key.encode()
-        self._connection().send_later(b"%b%d\r\n%b\r\n" % (_DEL, len(k), k))
+        self._connection().send(b"%b%d\r\n%b\r\n" % (_DEL, len(k), k), None)
 
     async def sync(self) -> None:
         """Return once Redis has answered every command sent before (or the connection
@@ -166,8 +188,7 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.Handle | None = None
         """The watch on the oldest command's deadline."""
         self.flusher: asyncio.Handle | None = None
-        """The write of :attr:`unsent`: at the end of this turn, or a store's later one."""
-        self.soon = False
+        """The write of :attr:`unsent`, at the end of this turn."""
         self.rest = b""
         self.opening = loop.create_task(self._open())
 
@@ -185,31 +206,16 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, fut: Any) -> None:
         """Write ``data`` at the end of this turn of the loop, with every command sent in
-        it and the stores held back, in one write; ``fut`` gets its reply."""
+        it, in one write; ``fut`` gets its reply (None: nobody waits for it)."""
         self.unsent.append(data)
-        if not self.soon:
-            self.soon = True
-            if self.flusher is not None:
-                self.flusher.cancel()
+        if self.flusher is None:
             self.flusher = self.loop.call_soon(self._flush)
         now = self.loop.time()
         self.waiters.append((fut, now))
         if self.timer is None:
             self.timer = self.loop.call_at(now + self.gate.timeout_s, self._watch)
 
-    def send_later(self, data: bytes) -> None:
-        """Write ``data`` with the next command, or within ``_HOLD_S``: a store nobody waits
-        for then costs no write of its own, and its reply comes with the next one's."""
-        self.unsent.append(data)
-        now = self.loop.time()
-        self.waiters.append((None, now))
-        if self.timer is None:
-            self.timer = self.loop.call_at(now + self.gate.timeout_s, self._watch)
-        if self.flusher is None:
-            self.flusher = self.loop.call_at(now + min(_HOLD_S, self.gate.timeout_s / 4), self._flush)
-
     def _flush(self) -> None:
-        self.soon = False
         self.flusher = None
         if self.unsent and self.transport is not None:
             self.transport.write(b"".join(self.unsent))
@@ -257,6 +263,8 @@ class _Connection(asyncio.Protocol):
         waiters, self.waiters = self.waiters, deque()
         if waiters:
             self.gate.failed(exc)
+        if self.client.on_lost is not None:
+            self.client.on_lost()
         kind = type(exc) if isinstance(exc, TimeoutError | ResponseError) else ConnectionError
         for fut, _ in waiters:
             if fut is not None and fut is not _HANDSHAKE and not fut.done():
@@ -308,8 +316,10 @@ class _Connection(asyncio.Protocol):
                     if stop + 2 > end:
                         break
                     value, pos = data[nl + 2 : stop], stop + 2
-            elif kind == 43 or kind == 58:  # + or :, a status or an integer
+            elif kind == 43:  # +, a status
                 value, pos = True, nl + 2
+            elif kind == 58:  # :, an integer
+                value, pos = int(data[pos + 1 : nl]), nl + 2
             elif kind == 45:  # -, an error
                 value, pos = ResponseError(data[pos + 1 : nl].decode(errors="replace")), nl + 2
             else:
@@ -333,7 +343,10 @@ class _Connection(asyncio.Protocol):
                 self.abort(value)  # a wrong password or database: every command would fail
                 return
             self.gate.failed(value)
-            if fut is not None and not fut.done():
+            if fut is None:
+                if self.client.on_lost is not None:
+                    self.client.on_lost()  # a store refused (out of memory): not in Redis
+            elif not fut.done():
                 fut.set_exception(value)
             return
         self.gate.answered()

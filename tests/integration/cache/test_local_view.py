@@ -1,0 +1,214 @@
+"""The response cache's local view (gateway/cache/view.py, kept by gateway/cache/tracking.py)
+against a real redis-server of this test's own: two caches sharing it stand for two gateways
+of a fleet. A key the view knows absent is a miss without a ``GET``, an entry it holds is a
+hit without one; every change another client makes reaches the view, and every fault makes
+the view step aside (lookups ask Redis) until tracking is on again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+import redis
+
+from gateway.cache.entry import Entry
+from gateway.cache.key import PREFIX, CachePlan
+from gateway.cache.service import ResponseCache
+from gateway.cache.view import LocalView
+from gateway.store import connect
+from gateway.store.embedded import EmbeddedRedis
+from gateway.store.gate import RedisGate
+from gateway.store.resp import fast_client
+
+KEY = f"{PREFIX}team:3f2a"
+
+
+@pytest.fixture()
+def server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(supervise=False) as embedded:
+        yield embedded
+
+
+class Gateway:
+    """One gateway's response cache, tracking as the app sets it up."""
+
+    def __init__(self, url: str, view: LocalView) -> None:
+        self.gate = RedisGate(2.0)
+        self.redis = connect(url)
+        self.cache = ResponseCache(self.redis, self.gate, fast_client(url, self.gate), view)
+        self.view = view
+        self.task = asyncio.ensure_future(self.cache.track())
+        tracker = self.cache.tracker
+        assert tracker is not None
+        self.tracker = tracker
+        tracker.want()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.cache.drain()
+        self.cache.close()
+        await self.redis.aclose()
+
+
+def plan(key: str = KEY) -> CachePlan:
+    return CachePlan(
+        kind="chat", digest=b"", read=True, write=True, namespace="team", key=key, ttl_s=60, max_bytes=1 << 20
+    )
+
+
+def entry(text: str = "stored answer") -> Entry:
+    body = b'{"choices":[{"message":{"content":"%s"},"finish_reason":"stop"}]}' % text.encode()
+    return Entry("chat", body, {"total_tokens": 3}, "fast", time.time())
+
+
+def gets(url: str) -> int:
+    """How many GETs Redis has answered, since start."""
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.002)
+
+
+Pair = Callable[[], AbstractAsyncContextManager[tuple[Gateway, Gateway]]]
+
+
+@pytest.fixture()
+def two(server: EmbeddedRedis) -> Pair:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[tuple[Gateway, Gateway]]:
+        a, b = Gateway(server.url, LocalView()), Gateway(server.url, LocalView())
+        try:
+            await until(lambda: a.view.complete and b.view.complete, "tracking never came up")
+            yield a, b
+        finally:
+            await a.close()
+            await b.close()
+
+    return make
+
+
+def test_a_key_stored_by_another_gateway_is_a_hit_here_after_its_invalidation(
+    server: EmbeddedRedis, two: Pair
+) -> None:
+    async def run() -> None:
+        async with two() as (a, b):
+            before = gets(server.url)
+            assert await b.cache.lookup(plan()) is None  # absent in B's view: no GET
+            assert gets(server.url) == before
+            assert a.cache.store(plan(), entry())
+            assert await a.cache.lookup(plan()) is not None  # A's own store, held by A
+            await until(lambda: KEY in b.view._known, "B never heard of A's store")
+            got = await b.cache.lookup(plan())
+            assert got is not None and got.body == entry().body
+            assert gets(server.url) == before + 1  # B read it once ...
+            again = await b.cache.lookup(plan())
+            assert again is not None and again.body == entry().body
+            assert gets(server.url) == before + 1  # ... and holds it since
+
+    asyncio.run(run())
+
+
+def test_flushall_empties_every_view(server: EmbeddedRedis, two: Pair) -> None:
+    async def run() -> None:
+        async with two() as (a, b):
+            a.cache.store(plan(), entry())
+            await a.cache.drain()
+            await until(lambda: KEY in b.view._known, "B never heard of A's store")
+            assert await b.cache.lookup(plan()) is not None
+            redis.Redis.from_url(server.url).flushall()
+            await until(lambda: len(a.view) == 0 and len(b.view) == 0, "FLUSHALL did not reach the views")
+            assert a.view.complete and b.view.complete
+            assert await a.cache.lookup(plan()) is None
+            assert await b.cache.lookup(plan()) is None
+
+    asyncio.run(run())
+
+
+def test_a_killed_tracking_connection_sends_lookups_to_redis_until_tracking_is_back(
+    server: EmbeddedRedis, two: Pair
+) -> None:
+    async def run() -> None:
+        async with two() as (_a, b):
+            b.tracker._retry_s = 0.2
+            assert await b.cache.lookup(plan()) is None
+            client_id = b.tracker.client_id
+            assert client_id is not None
+            admin = redis.Redis.from_url(server.url)
+            admin.client_kill_filter(_id=client_id)
+            await until(lambda: not b.view.complete, "B's view did not notice its subscriber killed")
+            # Another client's store, while B hears nothing: B must ask Redis, and finds it.
+            admin.set(KEY, entry().encode(), px=60_000)
+            before = gets(server.url)
+            got = await b.cache.lookup(plan())
+            assert got is not None and got.body == entry().body
+            assert gets(server.url) == before + 1
+            await until(lambda: b.view.complete, "tracking did not come back")
+            assert b.tracker.sessions == 2
+            admin.delete(KEY)
+            await until(lambda: KEY in b.view._known, "the new subscriber hears nothing")
+
+    asyncio.run(run())
+
+
+def test_a_view_over_its_bound_steps_aside_and_lookups_ask_redis(server: EmbeddedRedis, two: Pair) -> None:
+    admin = redis.Redis.from_url(server.url)
+    for i in range(5):
+        admin.set(f"{PREFIX}team:old{i}", entry().encode(), px=60_000)
+
+    async def run() -> None:
+        a = Gateway(server.url, LocalView(max_keys=4))
+        try:
+            await until(lambda: a.view.overflows > 0, "the scan did not find the keys over the bound")
+            assert not a.view.complete
+            before = gets(server.url)
+            got = await a.cache.lookup(plan(f"{PREFIX}team:old3"))
+            assert got is not None and gets(server.url) == before + 1
+            assert await a.cache.lookup(plan()) is None
+            assert gets(server.url) == before + 2
+        finally:
+            await a.close()
+
+    asyncio.run(run())
+
+
+def test_an_invalidation_overtaking_a_get_reply_keeps_the_reply_out_of_the_view() -> None:
+    """The classic race, ordered by hand: a key's GET is in flight, another client changes
+    the key, its invalidation arrives before the GET's (older) reply."""
+    view = LocalView()
+    view.renew(float("inf"))
+    generation = view.begin()
+    view.fill(generation, [KEY])
+    assert view.finish(generation)
+    token = view.fetching(KEY)
+    view.invalidate([KEY])
+    view.fetched(KEY, token, entry("old"), 60_000)
+    assert view.find(KEY) is not None and not isinstance(view.find(KEY), Entry)  # ask Redis again
+    # Without the race, the reply is kept.
+    token = view.fetching(KEY)
+    view.fetched(KEY, token, entry("new"), 60_000)
+    held = view.find(KEY)
+    assert isinstance(held, Entry) and b"new" in held.body
+
+
+def test_a_held_entry_is_not_served_past_its_deadline_and_the_bytes_are_bounded() -> None:
+    now = [100.0]
+    view = LocalView(max_bytes=300, clock=lambda: now[0])
+    view.renew(float("inf"))
+    view.finish(view.begin())
+    view.stored(KEY, entry(), 200, 10.0)
+    assert isinstance(view.find(KEY), Entry)
+    other = f"{PREFIX}team:other"
+    view.stored(other, entry(), 200, 10.0)  # over 300 bytes: the least recently used goes
+    assert not isinstance(view.find(KEY), Entry) and view.find(KEY) is not None
+    assert isinstance(view.find(other), Entry) and view.held_bytes == 200
+    now[0] += 10.0
+    assert not isinstance(view.find(other), Entry) and view.find(other) is not None
