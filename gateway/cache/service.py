@@ -183,7 +183,7 @@ class ResponseCache:
         if then is None and self._fast is not None:
             self._fast.set(plan.key, data, ttl_ms)  # no task: the reply is only checked
             if self.view is not None:
-                self.view.stored(plan.key, entry, len(data), ttl_ms / 1000)
+                self.view.stored(plan.key)
         else:
             self._spawn(self._write(plan.key, data, ttl_ms, then))
         return True

@@ -13,9 +13,9 @@ looks the same as a quiet one, until a ``PING`` goes unanswered).
 
 Bounds: at most ``max_keys`` keys (past it the view gives up until its next scan, and
 lookups ask Redis as without it) and ``max_bytes`` of entries held, least recently used
-dropped first (a dropped entry's key stays known: its lookup is a ``GET``). A held entry
-is served only before the deadline of its ``PX``, as this process wrote it or as ``PTTL``
-read it (measured from before the command left, so never later than Redis's own).
+dropped first (a dropped entry's key stays known: its lookup is a ``GET``). An entry is
+held once read from Redis, with the ``PTTL`` read in the same write, and served only before
+that deadline (measured from before the command left, so never later than Redis's own).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class LocalView:
             self._drop(key)
         elif pttl_ms is not None and pttl_ms != -2:
             deadline = token[1] + pttl_ms / 1000 if pttl_ms >= 0 else float("inf")
-            self._hold(key, replace(entry, obj=None), len(entry.body), deadline)
+            self._hold(key, replace(entry, obj=None), deadline)
         elif key not in self._held:
             self._known[key] = None
 
@@ -142,13 +142,18 @@ class LocalView:
 
     # This process's own writes
 
-    def stored(self, key: str, entry: Entry, size: int, ttl_s: float) -> None:
-        """This process has just sent ``SET key ... PX`` of ``entry`` (``size`` bytes)."""
+    def stored(self, key: str) -> None:
+        """This process has just sent ``SET key``: the key exists. Its entry is held only once
+        read back (its first hit here is a ``GET``): most stored answers are never asked for
+        again, and holding each one would fill the view (and the garbage collector's walks)
+        with them."""
         if self._state == _OFF:
             return
         if key in self._fetching:
             self._changed.add(key)
-        self._hold(key, entry, size, self.clock() + ttl_s)
+        self._drop(key)
+        self._known[key] = None
+        self._check_bound()
 
     def deleted(self, key: str) -> None:
         """This process has just sent ``DEL key``."""
@@ -227,7 +232,8 @@ class LocalView:
         self.reset()
         return False
 
-    def _hold(self, key: str, entry: Entry, size: int, deadline: float) -> None:
+    def _hold(self, key: str, entry: Entry, deadline: float) -> None:
+        size = len(entry.body)
         self._known.pop(key, None)
         self._drop(key)
         if size > self.max_bytes:

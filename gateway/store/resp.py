@@ -87,8 +87,8 @@ class RespClient:
     ``get`` returns a future (await it: bytes, None for a missing key, or one of the
     gate's faults); ``set`` and ``delete`` send and return at once, their replies only
     checked for faults. :meth:`sync` waits until every command sent so far is answered.
-    :attr:`on_lost` is called when a connection is lost or a command nobody waits for
-    fails (the response cache's local view then stops trusting what it wrote).
+    :attr:`on_lost` is called when a connection is lost (the response cache's local view
+    then stops trusting it: tracking lived on that connection).
     """
 
     def __init__(
@@ -371,10 +371,7 @@ class _Connection(asyncio.Protocol):
                 self.abort(value)  # a wrong password or database: every command would fail
                 return
             self.gate.failed(value)
-            if fut is None:
-                if self.client.on_lost is not None:
-                    self.client.on_lost()  # a store refused (out of memory): not in Redis
-            elif not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(value)
             return
         self.gate.answered()

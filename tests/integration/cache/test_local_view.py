@@ -17,7 +17,7 @@ import redis
 from gateway.cache.entry import Entry
 from gateway.cache.key import PREFIX, CachePlan
 from gateway.cache.service import ResponseCache
-from gateway.cache.view import LocalView
+from gateway.cache.view import ASK, LocalView
 from gateway.store import connect
 from gateway.store.embedded import EmbeddedRedis
 from gateway.store.gate import RedisGate
@@ -105,7 +105,6 @@ def test_a_key_stored_by_another_gateway_is_a_hit_here_after_its_invalidation(
             assert await b.cache.lookup(plan()) is None  # absent in B's view: no GET
             assert gets(server.url) == before
             assert a.cache.store(plan(), entry())
-            assert await a.cache.lookup(plan()) is not None  # A's own store, held by A
             await until(lambda: KEY in b.view._known, "B never heard of A's store")
             got = await b.cache.lookup(plan())
             assert got is not None and got.body == entry().body
@@ -191,7 +190,7 @@ def test_an_invalidation_overtaking_a_get_reply_keeps_the_reply_out_of_the_view(
     token = view.fetching(KEY)
     view.invalidate([KEY])
     view.fetched(KEY, token, entry("old"), 60_000)
-    assert view.find(KEY) is not None and not isinstance(view.find(KEY), Entry)  # ask Redis again
+    assert view.find(KEY) is ASK  # ask Redis again
     # Without the race, the reply is kept.
     token = view.fetching(KEY)
     view.fetched(KEY, token, entry("new"), 60_000)
@@ -199,16 +198,38 @@ def test_an_invalidation_overtaking_a_get_reply_keeps_the_reply_out_of_the_view(
     assert isinstance(held, Entry) and b"new" in held.body
 
 
+def read(view: LocalView, key: str, pttl_ms: int) -> None:
+    """A GET of ``key`` (and its PTTL) as the cache makes it, answered with an entry."""
+    view.fetched(key, view.fetching(key), entry(), pttl_ms)
+
+
 def test_a_held_entry_is_not_served_past_its_deadline_and_the_bytes_are_bounded() -> None:
     now = [100.0]
-    view = LocalView(max_bytes=300, clock=lambda: now[0])
+    size = len(entry().body)
+    view = LocalView(max_bytes=size + size // 2, clock=lambda: now[0])
     view.renew(float("inf"))
     view.finish(view.begin())
-    view.stored(KEY, entry(), 200, 10.0)
+    view.stored(KEY)  # this process's own store: known, its entry held once read back
+    assert view.find(KEY) is ASK
+    read(view, KEY, 10_000)
     assert isinstance(view.find(KEY), Entry)
     other = f"{PREFIX}team:other"
-    view.stored(other, entry(), 200, 10.0)  # over 300 bytes: the least recently used goes
-    assert not isinstance(view.find(KEY), Entry) and view.find(KEY) is not None
-    assert isinstance(view.find(other), Entry) and view.held_bytes == 200
+    read(view, other, 10_000)  # over the bound: the least recently used goes
+    assert view.find(KEY) is ASK
+    assert isinstance(view.find(other), Entry) and view.held_bytes == size
     now[0] += 10.0
-    assert not isinstance(view.find(other), Entry) and view.find(other) is not None
+    assert view.find(other) is ASK
+
+
+def test_the_view_steps_aside_when_redis_has_not_been_heard_from_for_its_lease() -> None:
+    """A frozen Redis, or a network cut, sends no invalidations: the view stops answering."""
+    now = [100.0]
+    view = LocalView(clock=lambda: now[0])
+    view.finish(view.begin())
+    view.renew(101.5)
+    read(view, KEY, 60_000)
+    assert isinstance(view.find(KEY), Entry) and view.find(f"{PREFIX}team:other") is None
+    now[0] = 101.5
+    assert view.find(KEY) is ASK and view.find(f"{PREFIX}team:other") is ASK and not view.complete
+    view.renew(103.0)  # a PONG (or any message) came
+    assert isinstance(view.find(KEY), Entry)
