@@ -18,8 +18,7 @@ network cut between this process and Redis (while other gateways may still purge
 the view answering within ``lease_s``. Any fault stops it answering until tracking is on
 again and the scan has run again: the subscriber lost (a killed Redis, ``CLIENT KILL``,
 silent for ``2 * lease_s``), the cache's connection lost (tracking lives and dies with
-it), a store refused, the view over its bound. Meanwhile lookups ask Redis as without a
-view.
+it), the view over its bound. Meanwhile lookups ask Redis as without a view.
 """
 
 from __future__ import annotations
@@ -85,6 +84,8 @@ class Tracker:
         """The subscriber's client id (the one tracking redirects to), while connected."""
         self.sessions = 0
         """Subscriber connections opened, since start."""
+        self._scanned = 0
+        """Keys the last scan found."""
 
     def want(self) -> None:
         """Start tracking (at the cache's first lookup: a gateway without the cache on
@@ -175,8 +176,12 @@ class Tracker:
                     raise TimeoutError(f"the invalidation connection was silent for {silent:.0f} s")
                 if silent >= self._ping_s:
                     out.write(_PING)
-            # Over the bound, a scan again soon would find as many keys.
-            await asyncio.sleep(self._overflow_retry_s if self._view.overflows > overflows else self._retry_s)
+            # Over the bound with Redis itself holding more than half of it, a scan again soon
+            # would find as many keys. Otherwise the view filled up with keys changed since
+            # (deleted and expired ones among them, dropped only when looked up): a scan
+            # again starts it afresh.
+            full = self._view.overflows > overflows and 2 * self._scanned > self._view.max_keys
+            await asyncio.sleep(self._overflow_retry_s if full else self._retry_s)
 
     async def _read(self, sub: asyncio.StreamReader, heard: list[float]) -> None:
         view, loop = self._view, asyncio.get_running_loop()
@@ -207,12 +212,14 @@ class Tracker:
             view.reset()
             return
         cursor: int = 0
+        self._scanned = 0
         while True:
             try:
                 cursor, keys = await self._redis.scan(cursor, match=f"{PREFIX}*", count=_SCAN_COUNT)
             except REDIS_FAULTS:
                 view.reset()
                 return
+            self._scanned += len(keys)
             if not view.fill(generation, [k.decode() if isinstance(k, bytes) else str(k) for k in keys]):
                 return
             if not cursor:

@@ -233,3 +233,26 @@ def test_the_view_steps_aside_when_redis_has_not_been_heard_from_for_its_lease()
     assert view.find(KEY) is ASK and view.find(f"{PREFIX}team:other") is ASK and not view.complete
     view.renew(103.0)  # a PONG (or any message) came
     assert isinstance(view.find(KEY), Entry)
+
+
+def test_a_view_filled_up_by_changes_starts_afresh_with_a_new_scan(server: EmbeddedRedis) -> None:
+    """Keys another client stores and deletes stay in the view (as "ask Redis") until looked
+    up; when they fill it, it scans again at once (Redis holds few keys), not a minute later."""
+    admin = redis.Redis.from_url(server.url)
+    admin.set(f"{PREFIX}team:live", entry().encode(), px=60_000)
+
+    async def run() -> None:
+        a = Gateway(server.url, LocalView(max_keys=4))
+        try:
+            a.tracker._retry_s = 0.05
+            await until(lambda: a.view.complete, "tracking never came up")
+            for i in range(4):
+                admin.set(f"{PREFIX}team:gone{i}", b"x", px=60_000)
+                admin.delete(f"{PREFIX}team:gone{i}")
+            await until(lambda: a.view.overflows == 1, "the changes did not fill the view")
+            await until(lambda: a.view.complete, "no scan again")
+            assert len(a.view) == 1
+        finally:
+            await a.close()
+
+    asyncio.run(run())
