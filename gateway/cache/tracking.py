@@ -18,7 +18,9 @@ network cut between this process and Redis (while other gateways may still purge
 the view answering within ``lease_s``. Any fault stops it answering until tracking is on
 again and the scan has run again: the subscriber lost (a killed Redis, ``CLIENT KILL``,
 silent for ``2 * lease_s``), the cache's connection lost (tracking lives and dies with
-it), the view over its bound. Meanwhile lookups ask Redis as without a view.
+it), the view over its bound. Meanwhile lookups ask Redis as without a view. A Redis that
+refuses the commands (older than 6, or an ACL) leaves the view off for good, with one
+warning.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ _log = structlog.get_logger("switchyard.cache")
 
 _SCAN_COUNT = 1000
 _CONNECT_S = 5.0
+_REFUSED_FIX = (
+    "the local view of the response cache is off (every lookup asks Redis): give the gateway's "
+    "Redis user CLIENT TRACKING, CLIENT ID, SUBSCRIBE to __redis__:invalidate and SCAN"
+)
 _CLIENT_ID = b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n"
 _SUBSCRIBE = b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%b\r\n" % (len(INVALIDATE), INVALIDATE.encode())
 _PING = b"*1\r\n$4\r\nPING\r\n"
@@ -100,6 +106,12 @@ class Tracker:
         while True:
             try:
                 await self._session()
+            except ResponseError as exc:
+                # Not Redis failing: Redis refusing (an ACL without CLIENT, SUBSCRIBE or SCAN).
+                _log.warning("cache_view_refused", error=str(exc)[:200], fix=_REFUSED_FIX)
+                self.client_id = None
+                self._view.reset()
+                return
             except _FAULTS as exc:
                 _log.info("cache_view_lost", error=type(exc).__name__, detail=str(exc)[:200])
             self.client_id = None
@@ -207,6 +219,8 @@ class Tracker:
         try:
             await off
             await on
+        except ResponseError:
+            raise
         except REDIS_FAULTS as exc:
             _log.info("cache_view_tracking_failed", error=type(exc).__name__, detail=str(exc)[:200])
             view.reset()
@@ -216,6 +230,8 @@ class Tracker:
         while True:
             try:
                 cursor, keys = await self._redis.scan(cursor, match=f"{PREFIX}*", count=_SCAN_COUNT)
+            except ResponseError:
+                raise
             except REDIS_FAULTS:
                 view.reset()
                 return

@@ -136,9 +136,12 @@ class RespClient:
         return fut, ttl
 
     def command(self, *args: bytes) -> asyncio.Future[Any]:
-        """Any command whose reply is a status, an integer or a bulk string, as a future."""
+        """Any command whose reply is a status, an integer or a bulk string, as a future. An
+        error reply is the caller's to judge (a command this Redis refuses), not counted as
+        Redis failing; a timeout or a lost connection is, as for every command."""
         conn = self._connection()
         fut: asyncio.Future[Any] = conn.loop.create_future()
+        conn.quiet.add(fut)
         conn.send(_command(*args), fut)
         return fut
 
@@ -193,6 +196,8 @@ class _Connection(asyncio.Protocol):
         """The watch on the oldest command's deadline."""
         self.flusher: asyncio.Handle | None = None
         """The write of :attr:`unsent`: at the end of this turn, or a store's later one."""
+        self.quiet: set[Any] = set()
+        """The futures of :meth:`RespClient.command`'s commands not answered yet."""
         self.soon = False
         self.written = -1.0
         """When :attr:`unsent` was last written (the loop's clock)."""
@@ -370,10 +375,17 @@ class _Connection(asyncio.Protocol):
             if fut is _HANDSHAKE:
                 self.abort(value)  # a wrong password or database: every command would fail
                 return
+            if fut in self.quiet:
+                self.quiet.discard(fut)
+                if not fut.done():
+                    fut.set_exception(value)
+                return
             self.gate.failed(value)
             if fut is not None and not fut.done():
                 fut.set_exception(value)
             return
         self.gate.answered()
+        if self.quiet:
+            self.quiet.discard(fut)
         if fut is not None and fut is not _HANDSHAKE and not fut.done():
             fut.set_result(value)

@@ -256,3 +256,27 @@ def test_a_view_filled_up_by_changes_starts_afresh_with_a_new_scan(server: Embed
             await a.close()
 
     asyncio.run(run())
+
+
+def test_a_redis_refusing_tracking_leaves_the_view_off_and_is_not_counted_as_failing(
+    server: EmbeddedRedis,
+) -> None:
+    """A Redis user without CLIENT TRACKING (an ACL): no view, one warning, and Redis is not taken for
+    unreachable (that would send every request upstream and open the rate limits)."""
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", "-client|tracking")
+    admin.set(KEY, entry().encode(), px=60_000)
+    url = server.url.replace("unix://", "unix://limited:pw@")
+
+    async def run() -> None:
+        a = Gateway(url, LocalView())
+        try:
+            await until(lambda: a.task.done(), "the tracker did not give up")
+            assert a.task.exception() is None and not a.view.complete
+            got = await a.cache.lookup(plan())  # asked of Redis, as without a view
+            assert got is not None and got.body == entry().body
+            assert a.gate.failed_calls == 0 and not a.gate.unreachable
+        finally:
+            await a.close()
+
+    asyncio.run(run())
