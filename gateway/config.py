@@ -64,6 +64,10 @@ class Settings(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0)
     redis_request_timeout_ms: float = Field(50.0, gt=0)
     """The longest a request waits for Redis (its key check, its rate-limit check)."""
+    cache_view_max_keys: int = Field(200_000, ge=0)
+    """The most response cache keys this process keeps a local view of (0: no view)."""
+    cache_view_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """The most bytes of response cache entries this process holds in its local view."""
     request_header_timeout_s: float = Field(10.0, gt=0)
     """The longest a client may take to send a request's headers (the connection is closed)."""
     request_body_timeout_s: float = Field(30.0, gt=0)

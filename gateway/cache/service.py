@@ -9,7 +9,9 @@ Bytes under a key that are not an entry are a miss, and are deleted.
 Entries are read and written with :class:`~gateway.store.resp.RespClient` (one pipelined
 connection, bounded by the same gate) where the Redis URL allows it, so that a miss costs
 the request a few microseconds of CPU, not redis-py's hundreds; with a TLS or Redis
-Cluster URL, and for the semantic cache's vectors, through redis-py.
+Cluster URL, and for the semantic cache's vectors, through redis-py. With that client,
+a :class:`~gateway.cache.view.LocalView` kept right by Redis's invalidations
+(:mod:`gateway.cache.tracking`) answers most lookups without asking Redis at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 import structlog
@@ -28,6 +30,8 @@ from gateway.cache.key import CachePlan
 from gateway.cache.policy import CachePolicy
 from gateway.cache.replay import assemble_chat, chat_chunks, responses_events
 from gateway.cache.semantic import SemanticIndex
+from gateway.cache.tracking import Tracker
+from gateway.cache.view import ASK, LocalView
 from gateway.context import RequestContext
 from gateway.dialects.responses.native import NativeResponsesScanner
 from gateway.dispatch.attempt import OpenStream, UnaryResult
@@ -59,12 +63,22 @@ class AnswerStream(Protocol):
 class ResponseCache:
     """Lookups and stores of one gateway process, over the Redis its replicas share."""
 
-    def __init__(self, redis: Redis, gate: RedisGate, fast: RespClient | None = None) -> None:
+    def __init__(
+        self, redis: Redis, gate: RedisGate, fast: RespClient | None = None, view: LocalView | None = None
+    ) -> None:
         self._redis = redis
         self._gate = gate
         self._fast = fast
         self._tasks: set[asyncio.Task[None]] = set()
         self._semantic: SemanticIndex | None = None
+        self.view = view if fast is not None else None
+        """The local view of the entries' keys (None: every lookup asks Redis)."""
+        self.tracker = Tracker(redis, fast, view) if fast is not None and view is not None else None
+
+    async def track(self) -> None:
+        """Keep the local view right, until cancelled (nothing to do without one)."""
+        if self.tracker is not None:
+            await self.tracker.run()
 
     @property
     def semantic(self) -> SemanticIndex:
@@ -80,6 +94,13 @@ class ResponseCache:
             gate.skip()
             plan.write = False  # Redis is failing: this request runs as if the cache were off
             return None
+        view = self.view
+        if view is not None:
+            found = view.find(plan.key)
+            if found is not ASK:
+                return cast(Entry | None, found)  # held here, or not in Redis: no round trip
+            if not view.complete:
+                cast(Tracker, self.tracker).want()
         return await self._read(plan, plan.key)
 
     async def nearest(self, plan: CachePlan, threshold: float) -> tuple[Entry, float, str] | None:
@@ -96,7 +117,9 @@ class ResponseCache:
         return entry, similarity, key
 
     async def _read(self, plan: CachePlan, key: str) -> Entry | None:
-        fast = self._fast
+        fast, view = self._fast, self.view
+        if view is not None and view.complete:
+            return await self._fetch(plan, key, view)
         data: bytes | str | None
         try:
             if fast is not None:
@@ -106,14 +129,41 @@ class ResponseCache:
         except REDIS_FAULTS:
             plan.write = False
             return None
+        return self._decode(plan, key, data)
+
+    async def _fetch(self, plan: CachePlan, key: str, view: LocalView) -> Entry | None:
+        """A ``GET`` (with its ``PTTL``) of a key the view knows exists, its entry kept."""
+        fast = cast(RespClient, self._fast)
+        token = view.fetching(key)
+        got, left = fast.get_pttl(key)
+        try:
+            data = await got
+            pttl = await left
+        except REDIS_FAULTS:
+            if left.done():
+                left.exception()  # the same fault: retrieved, not logged as lost
+            view.abandon(key)
+            plan.write = False
+            return None
+        entry = self._decode(plan, key, data)
+        if entry is not None or data is None:
+            view.fetched(key, token, entry, pttl)
+        else:
+            view.abandon(key)
+        return entry
+
+    def _decode(self, plan: CachePlan, key: str, data: bytes | str | None) -> Entry | None:
+        """The entry in ``data``; None when there is none, and deleted when corrupt."""
         if not isinstance(data, bytes):
             return None
         try:
             return decode(data, plan.kind)
         except (CorruptEntry, ValueError, TypeError):
             _log.warning("cache_entry_corrupt", key=key)
-            if fast is not None:
-                fast.delete(key)
+            if self._fast is not None:
+                self._fast.delete(key)
+                if self.view is not None:
+                    self.view.deleted(key)
             else:
                 self._spawn(self._write(key, None, 0))
             return None
@@ -132,6 +182,8 @@ class ResponseCache:
         ttl_ms = max(1, int(plan.ttl_s * 1000))
         if then is None and self._fast is not None:
             self._fast.set(plan.key, data, ttl_ms)  # no task: the reply is only checked
+            if self.view is not None:
+                self.view.stored(plan.key)
         else:
             self._spawn(self._write(plan.key, data, ttl_ms, then))
         return True

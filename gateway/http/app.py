@@ -19,6 +19,7 @@ from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, Embed
 from gateway.auth.keys import KeyStore
 from gateway.auth.limits import Limiter
 from gateway.cache.service import ResponseCache
+from gateway.cache.view import LocalView
 from gateway.cachestats import Accounting
 from gateway.config import PolicyHolder, PolicySnapshot, Settings
 from gateway.dashboard import PAGE as DASHBOARD_PAGE
@@ -126,8 +127,12 @@ async def _keys(app: web.Application) -> AsyncIterator[None]:
     keys = app[KEYS] = KeyStore(app[REDIS], cache_s=settings.key_cache_s, gate=gate)
     app[LIMITER] = Limiter(app[REDIS], app[STATS], gate)
     # The response cache's lookups share the gate: a frozen Redis is waited for once.
-    cache = app[RESPONSE_CACHE] = ResponseCache(app[REDIS], gate, fast_client(settings.redis_url or "", gate))
-    async with _running(keys.watch_revocations(), "key-revocations"):
+    view = None
+    if settings.cache_view_max_keys:
+        view = LocalView(settings.cache_view_max_keys, settings.cache_view_max_bytes)
+    cache = ResponseCache(app[REDIS], gate, fast_client(settings.redis_url or "", gate), view)
+    app[RESPONSE_CACHE] = cache
+    async with _running(keys.watch_revocations(), "key-revocations"), _running(cache.track(), "cache-view"):
         yield
     await cache.drain()
     cache.close()

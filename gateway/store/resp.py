@@ -4,9 +4,12 @@
 A cache miss must cost the request almost nothing over the cache off (issue #55: 30 µs
 of CPU), and redis-py's asyncio client spends 150-300 µs of CPU per command (a pool
 checkout, a stream reader, a retry wrapper, timeout contexts, a task per store). Here a
-lookup is one future; the commands of one turn of the event loop leave in one write (so
-do their replies, in one read); a store has no future and waits for the next command's
-write (at most ``_HOLD_S``); replies are parsed in ``data_received``.
+lookup is one future; the commands of one turn of the event loop leave in one write, at
+its end (so do their replies, in one read); a store has no future (its reply is only
+checked) and leaves at the end of its turn too, unless the connection wrote in the last
+``_HOLD_S``: then with the next write, at most ``_HOLD_S`` after the last one (a steady
+stream of stores costs one write, and one read of the replies, per ``_HOLD_S``, not two
+wakes of the process per store); replies are parsed in ``data_received``.
 
 The bound is the request path's :class:`~gateway.store.gate.RedisGate`: a command not
 answered within ``gate.timeout_s`` (and two more turns of the event loop, as the gate
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from redis.connection import UnixDomainSocketConnection, parse_url
@@ -42,9 +46,10 @@ _HANDSHAKE: Any = object()
 _GET = b"*2\r\n$3\r\nGET\r\n$"
 _DEL = b"*2\r\n$3\r\nDEL\r\n$"
 _SET = b"*5\r\n$3\r\nSET\r\n$"
+_PTTL = b"*2\r\n$4\r\nPTTL\r\n$"
 _PING = b"*1\r\n$4\r\nPING\r\n"
 _HOLD_S = 0.005
-"""How long a store may wait for the next command's write (at most a quarter of the bound)."""
+"""How long after a write a store may wait for company (at most a quarter of the bound)."""
 
 
 def _command(*args: bytes) -> bytes:
@@ -82,6 +87,8 @@ class RespClient:
     ``get`` returns a future (await it: bytes, None for a missing key, or one of the
     gate's faults); ``set`` and ``delete`` send and return at once, their replies only
     checked for faults. :meth:`sync` waits until every command sent so far is answered.
+    :attr:`on_lost` is called when a connection is lost (the response cache's local view
+    then stops trusting it: tracking lived on that connection).
     """
 
     def __init__(
@@ -100,6 +107,7 @@ class RespClient:
         self._conn: _Connection | None = None
         self.connects = 0
         """Connections opened, since start (one, while Redis stays up)."""
+        self.on_lost: Callable[[], None] | None = None
 
     def _connection(self) -> _Connection:
         conn = self._conn
@@ -114,6 +122,27 @@ class RespClient:
         k = key.encode()
         fut: asyncio.Future[bytes | None] = conn.loop.create_future()
         conn.send(b"%b%d\r\n%b\r\n" % (_GET, len(k), k), fut)
+        return fut
+
+    def get_pttl(self, key: str) -> tuple[asyncio.Future[bytes | None], asyncio.Future[int]]:
+        """``GET key`` and ``PTTL key`` in the same write: the value and its milliseconds
+        left (-1: no expiry, -2: no such key)."""
+        conn = self._connection()
+        k = key.encode()
+        fut: asyncio.Future[bytes | None] = conn.loop.create_future()
+        ttl: asyncio.Future[int] = conn.loop.create_future()
+        conn.send(b"%b%d\r\n%b\r\n" % (_GET, len(k), k), fut)
+        conn.send(b"%b%d\r\n%b\r\n" % (_PTTL, len(k), k), ttl)
+        return fut, ttl
+
+    def command(self, *args: bytes) -> asyncio.Future[Any]:
+        """Any command whose reply is a status, an integer or a bulk string, as a future. An
+        error reply is the caller's to judge (a command this Redis refuses), not counted as
+        Redis failing; a timeout or a lost connection is, as for every command."""
+        conn = self._connection()
+        fut: asyncio.Future[Any] = conn.loop.create_future()
+        conn.quiet.add(fut)
+        conn.send(_command(*args), fut)
         return fut
 
     def set(self, key: str, value: bytes, px_ms: int) -> None:
@@ -167,7 +196,11 @@ class _Connection(asyncio.Protocol):
         """The watch on the oldest command's deadline."""
         self.flusher: asyncio.Handle | None = None
         """The write of :attr:`unsent`: at the end of this turn, or a store's later one."""
+        self.quiet: set[Any] = set()
+        """The futures of :meth:`RespClient.command`'s commands not answered yet."""
         self.soon = False
+        self.written = -1.0
+        """When :attr:`unsent` was last written (the loop's clock)."""
         self.rest = b""
         self.opening = loop.create_task(self._open())
 
@@ -198,20 +231,26 @@ class _Connection(asyncio.Protocol):
             self.timer = self.loop.call_at(now + self.gate.timeout_s, self._watch)
 
     def send_later(self, data: bytes) -> None:
-        """Write ``data`` with the next command, or within ``_HOLD_S``: a store nobody waits
-        for then costs no write of its own, and its reply comes with the next one's."""
+        """Write ``data`` at the end of this turn, or, when the connection wrote in the last
+        ``_HOLD_S``, with the next write, at most ``_HOLD_S`` after the last one."""
         self.unsent.append(data)
         now = self.loop.time()
         self.waiters.append((None, now))
         if self.timer is None:
             self.timer = self.loop.call_at(now + self.gate.timeout_s, self._watch)
         if self.flusher is None:
-            self.flusher = self.loop.call_at(now + min(_HOLD_S, self.gate.timeout_s / 4), self._flush)
+            hold = min(_HOLD_S, self.gate.timeout_s / 4)
+            if now - self.written >= hold:
+                self.soon = True
+                self.flusher = self.loop.call_soon(self._flush)
+            else:
+                self.flusher = self.loop.call_at(self.written + hold, self._flush)
 
     def _flush(self) -> None:
         self.soon = False
         self.flusher = None
         if self.unsent and self.transport is not None:
+            self.written = self.loop.time()
             self.transport.write(b"".join(self.unsent))
             self.unsent = []
 
@@ -257,6 +296,8 @@ class _Connection(asyncio.Protocol):
         waiters, self.waiters = self.waiters, deque()
         if waiters:
             self.gate.failed(exc)
+        if self.client.on_lost is not None:
+            self.client.on_lost()
         kind = type(exc) if isinstance(exc, TimeoutError | ResponseError) else ConnectionError
         for fut, _ in waiters:
             if fut is not None and fut is not _HANDSHAKE and not fut.done():
@@ -308,8 +349,10 @@ class _Connection(asyncio.Protocol):
                     if stop + 2 > end:
                         break
                     value, pos = data[nl + 2 : stop], stop + 2
-            elif kind == 43 or kind == 58:  # + or :, a status or an integer
+            elif kind == 43:  # +, a status
                 value, pos = True, nl + 2
+            elif kind == 58:  # :, an integer
+                value, pos = int(data[pos + 1 : nl]), nl + 2
             elif kind == 45:  # -, an error
                 value, pos = ResponseError(data[pos + 1 : nl].decode(errors="replace")), nl + 2
             else:
@@ -332,10 +375,17 @@ class _Connection(asyncio.Protocol):
             if fut is _HANDSHAKE:
                 self.abort(value)  # a wrong password or database: every command would fail
                 return
+            if fut in self.quiet:
+                self.quiet.discard(fut)
+                if not fut.done():
+                    fut.set_exception(value)
+                return
             self.gate.failed(value)
             if fut is not None and not fut.done():
                 fut.set_exception(value)
             return
         self.gate.answered()
+        if self.quiet:
+            self.quiet.discard(fut)
         if fut is not None and fut is not _HANDSHAKE and not fut.done():
             fut.set_result(value)
