@@ -82,13 +82,15 @@ async def run_unary(
 ) -> UnaryResult:
     """A non-stream request, prepared, admitted and answered; a fast chat answer that fails
     the policy's escalation check is asked again, once, of the escalation tier."""
-    route = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
+    route, late = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
     await _admit(stages, ctx)
     plan = ctx.cache
     if plan is not None and plan.read:
         cached = await _lookup(stages, ctx, plan)
         if cached is not None:
             return unary_hit(plan, cached)
+    if late is not None:
+        _shape(stages, ctx, body, *late)
     adapt = dialect.adapt if dialect is not None else None
     result = await stages.dispatcher.unary(ctx, route, endpoint, body, adapt)
     # Only a chat answer is checked: every check reads its message.
@@ -121,7 +123,7 @@ async def open_stream(
 ) -> AnswerStream:
     """A stream request, prepared, admitted and opened: its first bytes are in hand (a
     response cache hit: all of them)."""
-    route = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
+    route, late = _prepare(stages, ctx, schema, body, headers, dialect, endpoint)
     await _admit(stages, ctx)
     ctx.stream = True
     plan = ctx.cache
@@ -129,6 +131,8 @@ async def open_stream(
         cached = await _lookup(stages, ctx, plan)
         if cached is not None:
             return replay_stream(plan, cached, body)
+    if late is not None:
+        _shape(stages, ctx, body, *late)
     adapt = dialect.adapt if dialect is not None else None
     opened = await stages.dispatcher.open_stream(ctx, route, endpoint, body, adapt)
     stages.shaping.prefix_hit(ctx)
@@ -161,11 +165,13 @@ def _prepare(
     headers: Mapping[str, str],
     dialect: Dialect | None = None,
     endpoint: str = "",
-) -> Route:
+) -> tuple[Route, tuple[str | None, bytes | None] | None]:
     """Validate, shape (chat) and route a request body. The gateway-only hints (tier,
     template) come from headers or ``metadata`` and are not sent upstream. The response
     cache's key is taken before shaping (the stability model may shape a request
-    differently over time)."""
+    differently over time). A request the cache will look up is routed as the client sent
+    it and shaped only once the lookup missed (a hit sends nothing upstream: nothing to
+    shape): then the second value is what :func:`_shape` needs, else None."""
     settings = stages.settings
     tools_json = check_limits(
         body,
@@ -184,18 +190,13 @@ def _prepare(
         plan = plan_request(snapshot.policy.cache, endpoint, body, headers, ctx.key_id, name, tools_json)
     if ctx.span is not None:
         tracing.request_attributes(ctx, body)
+    late: tuple[str | None, bytes | None] | None = None
     if schema is ChatCompletionRequest:
         template = template_hint(headers.get("x-switchyard-template"), hints.get("switchyard_template"))
-        with tracing.child(ctx, "shape") as span:
-            stages.shaping.shape(ctx, body, stages.stats, template, tools_json)
-            if span is not None and ctx.shape is not None:
-                span.set_attributes(
-                    {
-                        "switchyard.template": ctx.shape.template,
-                        "switchyard.moved_segments": ctx.shape.moved,
-                        "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
-                    }
-                )
+        late = (template, tools_json)
+        if plan is None or not plan.read:
+            _shape(stages, ctx, body, *late)
+            late = None
     dispatcher = stages.dispatcher
     hint = headers.get("x-switchyard-tier") or hints.get("switchyard_tier")
     with tracing.child(ctx, "route") as span:
@@ -230,7 +231,26 @@ def _prepare(
         )
     if plan is not None and route.deployments:
         _settle(ctx, plan, route)
-    return route
+    if late is not None and ctx.cache is None:  # the route's deployment is not cached
+        _shape(stages, ctx, body, *late)
+        late = None
+    return route, late
+
+
+def _shape(
+    stages: Stages, ctx: RequestContext, body: dict[str, Any], template: str | None, tools_json: bytes | None
+) -> None:
+    """Shape a chat body in place (its result on ``ctx``), in the trace's ``shape`` span."""
+    with tracing.child(ctx, "shape") as span:
+        stages.shaping.shape(ctx, body, stages.stats, template, tools_json)
+        if span is not None and ctx.shape is not None:
+            span.set_attributes(
+                {
+                    "switchyard.template": ctx.shape.template,
+                    "switchyard.moved_segments": ctx.shape.moved,
+                    "switchyard.stable_prefix_tokens": ctx.shape.stable_prefix_tokens,
+                }
+            )
 
 
 def _settle(ctx: RequestContext, plan: CachePlan, route: Route) -> None:

@@ -59,6 +59,8 @@ class CachePlan:
     """The id of the entry that answered a hit."""
     similarity: float | None = None
     """A semantic hit's similarity."""
+    template: str | None = None
+    """A hit's template, as its entry recorded it (a hit is not shaped)."""
 
     @property
     def prompt_id(self) -> str:

@@ -230,6 +230,7 @@ def hit(
     nothing attempted; a semantic hit says how similar the stored turn was."""
     plan.outcome = "hit"
     plan.entry_id, plan.similarity = key.rpartition(":")[2], similarity
+    plan.template = entry.template
     ctx.deployment = entry.deployment
     ctx.usage = entry.usage
     ctx.cache_hit = True

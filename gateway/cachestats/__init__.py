@@ -130,7 +130,7 @@ class Accounting:
         # A vLLM deployment's tokens per prompt byte, for the next expectations.
         if done.cache != "hit":
             GEOMETRY.observe(done.deployment, done.prefix_chain, done.prompt_tokens)
-        template = done.shape.template if done.shape is not None else NO_KEY
+        template = done.shape.template if done.shape is not None else done.cache_template or NO_KEY
         key, day_key = self._keys_at(done.ended_at)
         # This minute's counters of the deployment, key and template, and today's of the key
         # and deployment (the costs report).

@@ -70,6 +70,8 @@ class FinishedRequest:
     """The id of the entry that answered a hit."""
     cache_similarity: float | None = None
     """A semantic hit's similarity."""
+    cache_template: str | None = None
+    """A hit's template, as its entry recorded it (a hit is not shaped: ``shape`` is None)."""
 
     @property
     def failed(self) -> bool:
@@ -121,4 +123,5 @@ def finished_request(ctx: RequestContext) -> FinishedRequest:
         cache_saved_nano_usd=saved,
         cache_entry=plan.entry_id if plan is not None else None,
         cache_similarity=plan.similarity if plan is not None else None,
+        cache_template=plan.template if plan is not None else None,
     )

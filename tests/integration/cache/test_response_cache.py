@@ -494,3 +494,36 @@ def test_anthropic_tool_use_replays_as_the_same_blocks(
         replayed = stream.get_final_message()
     assert [(b.name, b.input, b.id) for b in replayed.content if b.type == "tool_use"] == blocks
     assert upstream_calls(sim) == upstream
+
+
+def test_a_hit_is_not_shaped_and_counts_under_its_entrys_template(
+    gateway: GatewayProcess, keys: dict[str, str], redis_url: str
+) -> None:
+    # Nothing of a hit goes upstream: shaping it would be work for nothing. The miss that
+    # stored the entry was shaped (its header says so); the hit is not, and still counts in
+    # the stats under the template the entry was stored with.
+    client = oai(gateway, keys["team-b"])
+    template = f"tpl-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "system", "content": "You are terse. Today is Monday."}, *ask()]
+    extra = {"x-switchyard-template": template}
+    before = len(entries(redis_url))
+    raw = client.chat.completions.with_raw_response.create(
+        model="fast", messages=messages, temperature=0, extra_headers=extra
+    )  # type: ignore[call-overload]
+    assert raw.headers.get("x-switchyard-cache") == "store"
+    assert raw.headers.get("x-switchyard-shaping")
+    wait_stored(redis_url, before)
+    raw = client.chat.completions.with_raw_response.create(
+        model="fast", messages=messages, temperature=0, extra_headers=extra
+    )  # type: ignore[call-overload]
+    assert raw.headers.get("x-switchyard-cache") == "hit"
+    assert raw.headers.get("x-switchyard-shaping") is None
+    deadline = time.monotonic() + 5
+    while True:
+        _, stats = admin(gateway, "GET", "/admin/stats?since=10m")
+        row = next((t for t in stats.get("templates", []) if t["template"] == template), {})
+        if row.get("rc_hits"):
+            break
+        assert time.monotonic() < deadline, stats.get("templates")
+        time.sleep(0.1)
+    assert row["rc_hits"] == 1 and row["rc_stores"] == 1
