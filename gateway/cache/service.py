@@ -182,10 +182,11 @@ class ResponseCache:
         ttl_ms = max(1, int(plan.ttl_s * 1000))
         if then is None and self._fast is not None:
             self._fast.set(plan.key, data, ttl_ms)  # no task: the reply is only checked
-            if self.view is not None:
-                self.view.stored(plan.key)
         else:
             self._spawn(self._write(plan.key, data, ttl_ms, then))
+        if self.view is not None:
+            # Now, not when Redis's invalidation of a write through redis-py comes back.
+            self.view.stored(plan.key)
         return True
 
     async def drain(self) -> None:

@@ -8,7 +8,8 @@ the invalidation messages, read here with asyncio's streams: redis-py's parser k
 subscription's replies to itself); then the existing keys are read once with ``SCAN``
 (through redis-py, a third). From then on Redis sends, for every key under the prefix
 that another client changes (a store, a purge, its own expiry or eviction, as Redis's
-expire.c and evict.c signal them; ``FLUSHALL``/``FLUSHDB`` as one null message), an
+expire.c and evict.c signal them; ``FLUSHALL`` or any database's ``FLUSHDB`` as one null
+message, after which the view scans again), an
 invalidation to the subscriber; this process's own writes are not sent back
 (``NOLOOP``): it updates the view itself.
 

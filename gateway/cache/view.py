@@ -165,14 +165,13 @@ class LocalView:
     # Invalidations
 
     def invalidate(self, keys: Iterable[str] | None) -> None:
-        """Another client changed ``keys`` (None: ``FLUSHALL``/``FLUSHDB``, every key gone)."""
+        """Another client changed ``keys`` (None: a ``FLUSHALL``, or a ``FLUSHDB`` of any
+        database, this one's or another's: Redis does not say which, so the view stops
+        answering until its next scan, which finds what is left)."""
         if self._state == _OFF:
             return
         if keys is None:
-            self._known.clear()
-            self._held.clear()
-            self._bytes = 0
-            self._epoch += 1
+            self.reset()
             return
         fetching, known = self._fetching, self._known
         for key in keys:
