@@ -37,7 +37,7 @@ from redis.exceptions import ResponseError
 from gateway.cache.key import PREFIX
 from gateway.cache.view import LocalView
 from gateway.store.gate import REDIS_FAULTS
-from gateway.store.resp import RespClient
+from gateway.store.resp import RespClient, encode_command
 
 __all__ = ["INVALIDATE", "Tracker"]
 
@@ -52,9 +52,9 @@ _REFUSED_FIX = (
     "the local view of the response cache is off (every lookup asks Redis): give the gateway's "
     "Redis user CLIENT TRACKING, CLIENT ID, SUBSCRIBE to __redis__:invalidate and SCAN"
 )
-_CLIENT_ID = b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n"
-_SUBSCRIBE = b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%b\r\n" % (len(INVALIDATE), INVALIDATE.encode())
-_PING = b"*1\r\n$4\r\nPING\r\n"
+_CLIENT_ID = encode_command(b"CLIENT", b"ID")
+_SUBSCRIBE = encode_command(b"SUBSCRIBE", INVALIDATE.encode())
+_PING = encode_command(b"PING")
 _FAULTS: tuple[type[BaseException], ...] = (
     *REDIS_FAULTS,
     asyncio.IncompleteReadError,

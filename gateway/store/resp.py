@@ -38,7 +38,7 @@ from redis.exceptions import ResponseError
 
 from gateway.store.gate import RedisGate
 
-__all__ = ["RespClient", "fast_client"]
+__all__ = ["RespClient", "encode_command", "fast_client"]
 
 _HANDSHAKE: Any = object()
 """The waiter of an ``AUTH`` or ``SELECT`` sent when the connection opens."""
@@ -47,13 +47,16 @@ _GET = b"*2\r\n$3\r\nGET\r\n$"
 _DEL = b"*2\r\n$3\r\nDEL\r\n$"
 _SET = b"*5\r\n$3\r\nSET\r\n$"
 _PTTL = b"*2\r\n$4\r\nPTTL\r\n$"
-_PING = b"*1\r\n$4\r\nPING\r\n"
 _HOLD_S = 0.005
 """How long after a write a store may wait for company (at most a quarter of the bound)."""
 
 
-def _command(*args: bytes) -> bytes:
+def encode_command(*args: bytes) -> bytes:
+    """A command as RESP2 sends it: an array of bulk strings."""
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args)
+
+
+_PING = encode_command(b"PING")
 
 
 def fast_client(url: str, gate: RedisGate) -> RespClient | None:
@@ -71,10 +74,10 @@ def fast_client(url: str, gate: RedisGate) -> RespClient | None:
     if password is not None:
         username = options.get("username")
         auth = [b"AUTH"] + ([username.encode()] if username else []) + [password.encode()]
-        handshake.append(_command(*auth))
+        handshake.append(encode_command(*auth))
     db = int(options.get("db") or 0)
     if db:
-        handshake.append(_command(b"SELECT", b"%d" % db))
+        handshake.append(encode_command(b"SELECT", b"%d" % db))
     if options.get("connection_class") is UnixDomainSocketConnection:
         return RespClient(gate, path=options["path"], handshake=handshake)
     host, port = options.get("host") or "localhost", int(options.get("port") or 6379)
@@ -127,11 +130,10 @@ class RespClient:
     def get_pttl(self, key: str) -> tuple[asyncio.Future[bytes | None], asyncio.Future[int]]:
         """``GET key`` and ``PTTL key`` in the same write: the value and its milliseconds
         left (-1: no expiry, -2: no such key)."""
-        conn = self._connection()
+        fut = self.get(key)
+        conn = self._connection()  # the one the GET went to: sent in the same turn
         k = key.encode()
-        fut: asyncio.Future[bytes | None] = conn.loop.create_future()
         ttl: asyncio.Future[int] = conn.loop.create_future()
-        conn.send(b"%b%d\r\n%b\r\n" % (_GET, len(k), k), fut)
         conn.send(b"%b%d\r\n%b\r\n" % (_PTTL, len(k), k), ttl)
         return fut, ttl
 
@@ -142,7 +144,7 @@ class RespClient:
         conn = self._connection()
         fut: asyncio.Future[Any] = conn.loop.create_future()
         conn.quiet.add(fut)
-        conn.send(_command(*args), fut)
+        conn.send(encode_command(*args), fut)
         return fut
 
     def set(self, key: str, value: bytes, px_ms: int) -> None:

@@ -116,12 +116,17 @@ def test_a_key_stored_by_another_gateway_is_a_hit_here_after_its_invalidation(
     asyncio.run(run())
 
 
+async def stored_by_a_known_to_b(a: Gateway, b: Gateway) -> None:
+    """A stores the entry (written to Redis), and B's view has heard of it."""
+    a.cache.store(plan(), entry())
+    await a.cache.drain()
+    await until(lambda: KEY in b.view._known, "B never heard of A's store")
+
+
 def test_flushall_empties_every_view(server: EmbeddedRedis, two: Pair) -> None:
     async def run() -> None:
         async with two() as (a, b):
-            a.cache.store(plan(), entry())
-            await a.cache.drain()
-            await until(lambda: KEY in b.view._known, "B never heard of A's store")
+            await stored_by_a_known_to_b(a, b)
             assert await b.cache.lookup(plan()) is not None
             redis.Redis.from_url(server.url).flushall()
             await until(lambda: not a.view.complete and not b.view.complete, "FLUSHALL did not reach the views")
@@ -138,9 +143,7 @@ def test_a_flush_of_another_database_keeps_this_ones_entries(server: EmbeddedRed
     # for its own would call every entry of its database gone (each lookup a miss).
     async def run() -> None:
         async with two() as (a, b):
-            a.cache.store(plan(), entry())
-            await a.cache.drain()
-            await until(lambda: KEY in b.view._known, "B never heard of A's store")
+            await stored_by_a_known_to_b(a, b)
             other = redis.Redis.from_url(server.url, db=5)
             assert other.connection_pool.connection_kwargs["db"] == 5
             other.set("unrelated", b"x")
