@@ -108,7 +108,7 @@ async def run_unary(
             shadow.after_answer(ctx, route, body, result.body)
     stages.shaping.prefix_hit(ctx)
     if plan is not None and plan.write:
-        _keep_unary(stages, ctx, plan, body, result.body)
+        _keep_unary(stages, ctx, plan, body, result)
     return result
 
 
@@ -309,7 +309,7 @@ def _template(ctx: RequestContext) -> str | None:
 
 
 def _keep_unary(
-    stages: Stages, ctx: RequestContext, plan: CachePlan, body: dict[str, Any], raw: bytes
+    stages: Stages, ctx: RequestContext, plan: CachePlan, body: dict[str, Any], result: UnaryResult
 ) -> None:
     """Store a non-stream answer that may be kept; the header says whether it was."""
     if stages.cache is None or not plan.key or ctx.escalated is not None:
@@ -317,11 +317,12 @@ def _keep_unary(
     answering = _answering_plan(ctx, plan)
     if answering is None:
         return
-    plan = answering
-    try:
-        answer = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return
+    plan, raw, answer = answering, result.body, result.obj
+    if answer is None:  # the provider did not parse it (a translated answer)
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
     if not isinstance(answer, dict):
         return
     if keep_answer(stages.cache, plan, ctx, body, answer, raw, ctx.snapshot.policy.cache, _template(ctx)):

@@ -34,6 +34,8 @@ class UnaryResult:
 
     body: bytes
     content_type: str
+    obj: dict[str, Any] | None = None
+    """``body`` parsed, when the provider parsed it (see :class:`~gateway.providers.base.Answer`)."""
 
 
 class OpenStream:
@@ -281,7 +283,7 @@ async def unary_attempt(
     )
     if answer.usage is not None:
         ctx.usage = answer.usage
-    return UnaryResult(body=answer.body, content_type=content_type)
+    return UnaryResult(body=answer.body, content_type=content_type, obj=answer.obj)
 
 
 async def _read_rest(

@@ -90,6 +90,8 @@ class Answer:
 
     body: bytes
     usage: dict[str, Any] | None
+    obj: dict[str, Any] | None = None
+    """``body`` parsed, when reading it parsed it (the response cache reads it again)."""
 
 
 class Scanner(Protocol):

@@ -137,4 +137,4 @@ class CompatibleProvider(OpenAIProvider):
         if shown_model is not None and "model" in obj:
             obj["model"] = shown_model
             changed = True
-        return Answer(orjson.dumps(obj) if changed else body, usage)
+        return Answer(orjson.dumps(obj) if changed else body, usage, obj)

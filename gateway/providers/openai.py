@@ -81,8 +81,8 @@ class OpenAIProvider(Provider):
         usage = usage if isinstance(usage, dict) else None
         if shown_model is not None and "model" in obj:
             obj["model"] = shown_model
-            return Answer(orjson.dumps(obj), usage)
-        return Answer(body, usage)
+            return Answer(orjson.dumps(obj), usage, obj)
+        return Answer(body, usage, obj)
 
 
 ANSWER_KEYS: Mapping[str, str] = {

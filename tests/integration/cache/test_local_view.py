@@ -56,7 +56,7 @@ class Gateway:
 
 def plan(key: str = KEY) -> CachePlan:
     return CachePlan(
-        kind="chat", digest=b"", read=True, write=True, namespace="team", key=key, ttl_s=60, max_bytes=1 << 20
+        kind="chat", canonical=b"", read=True, write=True, namespace="team", key=key, ttl_s=60, max_bytes=1 << 20
     )
 
 
