@@ -30,7 +30,7 @@ FOREIGN_FLAGS = {
     "--shutdown-timeout",
     "--flag", "--no-flag", "--no-",
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
-    "--litellm", "--full", "--peers", "--cache", "--modes", "--repeat", "--no-http", "--build", "--profile", "--cluster-enabled", "--check", "--strict",
+    "--litellm", "--full", "--peers", "--cache", "--modes", "--repeat", "--no-http", "--build", "--profile", "--cluster-enabled", "--check", "--strict", "--keep",
     # bench/shaping.py
     "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions",
     # bench/routing_features.py

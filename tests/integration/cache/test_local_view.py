@@ -56,7 +56,14 @@ class Gateway:
 
 def plan(key: str = KEY) -> CachePlan:
     return CachePlan(
-        kind="chat", canonical=b"", read=True, write=True, namespace="team", key=key, ttl_s=60, max_bytes=1 << 20
+        kind="chat",
+        canonical=b"",
+        read=True,
+        write=True,
+        namespace="team",
+        key=key,
+        ttl_s=60,
+        max_bytes=1 << 20,
     )
 
 
@@ -129,7 +136,9 @@ def test_flushall_empties_every_view(server: EmbeddedRedis, two: Pair) -> None:
             await stored_by_a_known_to_b(a, b)
             assert await b.cache.lookup(plan()) is not None
             redis.Redis.from_url(server.url).flushall()
-            await until(lambda: not a.view.complete and not b.view.complete, "FLUSHALL did not reach the views")
+            await until(
+                lambda: not a.view.complete and not b.view.complete, "FLUSHALL did not reach the views"
+            )
             assert await a.cache.lookup(plan()) is None
             assert await b.cache.lookup(plan()) is None
             await until(lambda: a.view.complete and b.view.complete, "the views did not scan again")

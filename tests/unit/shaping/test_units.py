@@ -384,7 +384,9 @@ def test_a_self_contained_sentence_ends_the_system_message_after_a_final_section
             body = copy.deepcopy(original)
             first = shaper.shape(body)
             head = body["messages"][0]["content"]
-            assert head.startswith("You are Lathe") and head.endswith(f"lines.\nThe current date is {date}.\n")
+            assert head.startswith("You are Lathe") and head.endswith(
+                f"lines.\nThe current date is {date}.\n"
+            )
             assert semantic_changes(original, body) == []
             # Shaping the shaped request again: the same bytes and the same layout.
             once = copy.deepcopy(body)
