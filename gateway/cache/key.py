@@ -168,9 +168,8 @@ def last_user_turn(kind: str, body: Mapping[str, Any]) -> tuple[str, dict[str, A
 
 
 _HASHES = {kind: hashlib.sha256(kind.encode() + b"\x00") for kind in KINDS.values()}
-"""Per kind of answer, SHA-256 after the kind: copied, not made, per request (making one
-asks OpenSSL's provider tables for the algorithm each time: several microseconds, most of a
-short request's hash, on the request path)."""
+"""Per kind of answer, SHA-256 after the kind, copied per request (not made: making one
+looks the algorithm up in OpenSSL each time)."""
 
 
 def _hash(kind: str, model: str, canonical: bytes) -> str:
