@@ -1,13 +1,17 @@
 """What each step of the request path costs inside a serving gateway, under load: the
 pipeline's steps (limits, validation, the response cache's plan, settle, lookup and
 store, shaping, the whole of ``_prepare``; the lookup is the local view's, which answers
-the bench's lookups) timed where they run, between other requests'
-work, not in a warm loop of their own.
+the bench's lookups) timed where they run, between other requests' work, not in a warm
+loop of their own. ``bench/overhead.sh`` runs one executable as ``switchyard``, so give it
+a launcher:
 
-    SWITCHYARD="$PWD/.venv/bin/python $PWD/bench/probes/request_steps.py" \\
-        bash bench/overhead.sh --cache --modes "cache-hit cache-miss" --concurrency 16 --keep
+    printf '#!/bin/sh\nexec %s %s "$@"\n' "$PWD/.venv/bin/python" \\
+        "$PWD/bench/probes/request_steps.py" >/tmp/sy-steps && chmod +x /tmp/sy-steps
+    SWITCHYARD=/tmp/sy-steps bash bench/overhead.sh --cache --modes "cache-hit cache-miss" \\
+        --concurrency 16 --keep
 
-It is ``switchyard`` with the steps wrapped: every 5,000 requests each gateway writes one
+It is ``switchyard`` with the steps wrapped: every 5,000 non-stream requests (the cache
+modes' requests; streams are not counted) each gateway writes one
 line to its log (``request_steps`` with microseconds a request per step, wall time of the
 step itself, ``perf_counter`` around it: 0.1 µs), kept in the bench's work directory with
 ``--keep``. A step that did not run in a window is absent from its line; steps nest
@@ -15,7 +19,7 @@ step itself, ``perf_counter`` around it: 0.1 µs), kept in the bench's work dire
 
 It settled why the response cache's miss cost more in the overhead bench than its parts in
 process: the same steps run 3-4x slower between other requests' work than alone in a loop
-(7 December: ``plan`` 20.5 µs here against 5.6 µs in ``bench/response_cache.py``).
+(7 December: ``plan`` 20.6 µs here against 5.6 µs in ``bench/response_cache.py``).
 """
 
 from __future__ import annotations
@@ -61,9 +65,18 @@ def _counted(fn: Callable[..., Any]) -> Callable[..., Any]:
     return counted
 
 
-for _name in ("check_limits", "validate", "plan_request", "_settle", "_keep_unary", "_prepare", "unary_hit"):
-    _step = {"check_limits": "limits", "plan_request": "plan", "_keep_unary": "store", "unary_hit": "hit"}
-    setattr(pipeline, _name, _timed(_step.get(_name, _name.strip("_")), getattr(pipeline, _name)))
+STEPS = {
+    "check_limits": "limits",
+    "validate": "validate",
+    "plan_request": "plan",
+    "_settle": "settle",
+    "_keep_unary": "store",
+    "_prepare": "prepare",
+    "unary_hit": "hit",
+}
+"""The pipeline's functions timed, and the name each has in the log line."""
+for _function, _step in STEPS.items():
+    setattr(pipeline, _function, _timed(_step, getattr(pipeline, _function)))
 LocalView.find = _timed("lookup", LocalView.find)  # type: ignore[method-assign]
 pipeline.run_unary = _counted(pipeline.run_unary)
 ShapingState.shape = _timed("shape", ShapingState.shape)  # type: ignore[method-assign]
