@@ -74,6 +74,19 @@ def where_did_they_go(servers: list[SimServer]) -> dict[str, int]:
     return out
 
 
+def most_at_once(server: SimServer) -> int:
+    """The most requests a simulator held at one time (its clock, from ``recent``)."""
+    edges = []
+    for entry in server.stats()["recent"]:
+        start = entry["started_at"]
+        edges += [(start, 1), (start + entry["duration_ms"] / 1000.0, -1)]
+    most = now = 0
+    for _, step in sorted(edges):  # at a tie an end (-1) sorts first
+        now += step
+        most = max(most, now)
+    return most
+
+
 def wait_ready(gw: GatewayProcess, healthy: int, timeout_s: float = 10.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -132,7 +145,11 @@ def test_a_hot_prefix_spills_over_to_other_replicas_under_load(
             list(pool.map(lambda i: ask(c, SYSTEMS[1], f"q{i}", f"hot{i}"), range(24)))
         served = Counter(where_did_they_go(slow).values())
         assert len(served) >= 2, served  # not all on the prefix's home replica
-        assert max(served.values()) <= 10, served  # ceil(1.25 x 24 / 3): the bound held
+        # The bound is on a replica's load (requests in flight), not on what it serves in all:
+        # one that finishes early takes more. At most 24 in flight, so no replica ever held
+        # more than ceil(1.25 x 24 / 3) = 10 at once.
+        peaks = [most_at_once(server) for server in slow]
+        assert max(peaks) <= 10, (peaks, served)
     finally:
         for server in slow:
             server.__exit__()
