@@ -162,7 +162,10 @@ def test_latency_is_ttft_plus_itl_per_token(client: openai.OpenAI) -> None:
     assert len(arrivals) == 10
     assert 0.055 <= arrivals[0] < 0.15
     assert 0.145 <= arrivals[-1] < 0.4
-    assert arrivals[-1] - arrivals[0] >= 0.085  # nine gaps of 10 ms
+    # Nine gaps of 10 ms, on a schedule fixed from the request's start: a first token that a
+    # busy machine delivers late shortens the spread the client sees, but a stream the server
+    # buffered would arrive all at once.
+    assert arrivals[-1] - arrivals[0] >= 0.045
 
 
 def test_n_gives_several_choices(client: openai.OpenAI) -> None:
