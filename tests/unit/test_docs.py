@@ -31,8 +31,8 @@ FOREIGN_FLAGS = {
     "--flag", "--no-flag", "--no-",
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--full", "--peers", "--cache", "--modes", "--repeat", "--no-http", "--build", "--profile", "--cluster-enabled", "--check", "--strict", "--keep",
-    # bench/shaping.py
-    "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions",
+    # bench/shaping.py, bench/probes/shaping_instructions.py
+    "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions", "--against",
     # bench/routing_features.py
     "--embedding", "--index", "--tools", "--choices",
     # sglang's server (docs/providers.md)
