@@ -15,12 +15,15 @@ than that suggests. Use it to see whether a change removed work, and the µs ben
 alternating run, ``--baseline``) to see what it saved.
 
     python bench/probes/shaping_instructions.py [--against CHECKOUT] [--rows 556:new,tools]
-        [--part shape|chain]
+        [--steps MODULE:NAME,...]
 
 ``CHECKOUT`` is another tree (``git archive <rev> | tar -x -C DIR``); a row is
 ``LINES:PATTERN`` (40, 130 or 556 system lines; ``one``, ``50`` or ``new`` conversations)
-or ``tools``. ``--part`` counts only the shaper or only the chain (the prompt's rendering
-and its checkpoints). Needs valgrind (``apt-get install valgrind``); a row takes about a minute a
+or ``tools``. ``--steps`` counts other functions instead of the whole step, each named where
+its caller looks it up (``gateway.shaping.heads:HeadReader.read``; a function another
+module imported by name is patched in that module: ``gateway.shaping.heads:same_shape``).
+Name one, or several that do not call one another: callgrind's switch flips again inside
+a nested one. Needs valgrind (``apt-get install valgrind``); a row takes about a minute a
 side, the two sides run at once.
 """
 
@@ -40,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parents[2]
+WHOLE_STEP = "gateway.shaping.shaper:PolicyShaper.shape,gateway.cachestats.chain:checkpoints"
+"""What ``bench/shaping.py --cost-only`` times: the shaper, then the prompt's checkpoint chain."""
 PATTERNS = {"one": "one conversation", "50": "50 interleaved", "new": "new conversation each request"}
 
 
@@ -52,9 +57,9 @@ def _counted(function: Callable[..., Any]) -> Callable[..., Any]:
     return inside
 
 
-def _child(root: str, row: str, runs: int, part: str) -> None:
-    """Run ``row`` of the cost bench ``runs`` times against ``root``'s gateway, ``part`` of the
-    step counted (``both``, ``shape`` or ``chain``)."""
+def _child(root: str, row: str, runs: int, steps: str) -> None:
+    """Run ``row`` of the cost bench ``runs`` times against ``root``'s gateway, ``steps`` (see
+    ``--steps``) counted."""
     sys.argv = [sys.argv[0], "--import-root", root]  # read by bench/shaping.py at import
     sys.path.insert(0, str(HERE))
     shaping = importlib.import_module("bench.shaping")  # first: it puts ``root`` on the path
@@ -65,12 +70,13 @@ def _child(root: str, row: str, runs: int, part: str) -> None:
         # (read once per ten requests of a template, past its first 20).
         ticks = itertools.count()
         signature._now = lambda: next(ticks) * 10 / 8000
-    if part != "chain":
-        shaper = importlib.import_module("gateway.shaping.shaper").PolicyShaper
-        shaper.shape = _counted(shaper.shape)
-    if part != "shape":
-        chain = importlib.import_module("gateway.cachestats.chain")
-        chain.checkpoints = _counted(chain.checkpoints)
+    for step in steps.split(","):
+        module, _, name = step.partition(":")
+        owner: Any = importlib.import_module(module)
+        *path, attribute = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, attribute, _counted(getattr(owner, attribute)))
     if row == "tools":
         shaping.tools_cost(runs=runs)
     else:
@@ -78,10 +84,10 @@ def _child(root: str, row: str, runs: int, part: str) -> None:
         shaping.shaping_cost(int(lines), runs=runs, agent=lines == "556", pattern=PATTERNS[pattern])
 
 
-def _count(root: Path, row: str, runs: int, part: str) -> int:
+def _count(root: Path, row: str, runs: int, steps: str) -> int:
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no"]
     command += ["--toggle-collect=functools_reduce", sys.executable, __file__]
-    command += ["--child", str(root), row, str(runs), part]
+    command += ["--child", str(root), row, str(runs), steps]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = re.search(r"Collected : (\d+)", done.stderr)
@@ -90,10 +96,10 @@ def _count(root: Path, row: str, runs: int, part: str) -> int:
     return int(found.group(1))
 
 
-def per_request(root: Path, row: str, runs: int, part: str = "both") -> float:
+def per_request(root: Path, row: str, runs: int, steps: str = WHOLE_STEP) -> float:
     """Instructions a request, between request ``runs // 3`` and ``runs``."""
     first = runs // 3
-    return (_count(root, row, runs, part) - _count(root, row, first, part)) / (runs - first)
+    return (_count(root, row, runs, steps) - _count(root, row, first, steps)) / (runs - first)
 
 
 def main() -> int:
@@ -101,12 +107,12 @@ def main() -> int:
     parser.add_argument("--against", metavar="CHECKOUT", help="another tree to count as well")
     parser.add_argument("--rows", default="556:new,tools", help="comma-separated rows (see above)")
     parser.add_argument("--runs", type=int, default=600)
-    parser.add_argument("--part", choices=("both", "shape", "chain"), default="both")
+    parser.add_argument("--steps", default=WHOLE_STEP, help="the functions counted (see above)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        root, row, runs, part = args.child
-        _child(root, row, int(runs), part)
+        root, row, runs, steps = args.child
+        _child(root, row, int(runs), steps)
         return 0
     sides = {"this checkout": HERE}
     if args.against:
@@ -115,7 +121,7 @@ def main() -> int:
     print("|---|" + "---|" * len(sides))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for row in args.rows.split(","):
-            count = functools.partial(per_request, row=row, runs=args.runs, part=args.part)
+            count = functools.partial(per_request, row=row, runs=args.runs, steps=args.steps)
             counts = pool.map(count, sides.values())
             print(f"| {row} | " + " | ".join(f"{count:,.0f}" for count in counts) + " |")
     return 0

@@ -32,7 +32,7 @@ FOREIGN_FLAGS = {
     # bench/overhead.sh, docker compose, redis-server, ruff, mypy
     "--litellm", "--full", "--peers", "--cache", "--modes", "--repeat", "--no-http", "--build", "--profile", "--cluster-enabled", "--check", "--strict", "--keep",
     # bench/shaping.py, bench/probes/shaping_instructions.py
-    "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions", "--against",
+    "--cost-only", "--baseline", "--rounds", "--corpus-only", "--sessions", "--against", "--steps",
     # bench/routing_features.py
     "--embedding", "--index", "--tools", "--choices",
     # sglang's server (docs/providers.md)
