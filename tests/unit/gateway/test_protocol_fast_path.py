@@ -48,6 +48,9 @@ _TOOL = st.one_of(
         {}, optional={"type": st.one_of(_SCALARS, st.just("function")), "function": _FUNCTION}
     ),
 )
+_STREAM_OPTIONS = st.one_of(
+    _SCALARS, st.fixed_dictionaries({}, optional={"include_usage": _SCALARS, "other": _SCALARS})
+)
 _BODY = st.fixed_dictionaries(
     {},
     optional={
@@ -55,6 +58,7 @@ _BODY = st.fixed_dictionaries(
         "messages": st.one_of(_SCALARS, st.lists(_MESSAGE, max_size=3)),
         "tools": st.one_of(_SCALARS, st.lists(_TOOL, max_size=3)),
         **{name: _SCALARS for name in _FIELDS},
+        "stream_options": _STREAM_OPTIONS,
     },
 )
 
@@ -82,6 +86,22 @@ def test_the_quick_chat_check_takes_the_common_request() -> None:
     assert _plainly_valid_chat(body)
     tool = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}
     assert _plainly_valid_chat({**body, "tools": [tool, {"type": "web_search"}]})  # an agent's
+    # A deterministic request as clients write it (a JSON integer), a stream asking for usage.
+    assert _plainly_valid_chat(
+        {**body, "temperature": 0, "top_p": 1, "stream_options": {"include_usage": True}}
+    )
+    # Content as parts (an image, what the Anthropic Messages API's blocks become).
+    parts = [{"type": "text", "text": "u"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    assert _plainly_valid_chat({**body, "messages": [{"role": "user", "content": parts}]})
+    for bad_parts in ([{"text": "u"}], [{"type": 1}], ["u"], [[]]):
+        assert not _plainly_valid_chat({**body, "messages": [{"role": "user", "content": bad_parts}]})
+    for bad in (
+        {"temperature": True},
+        {"temperature": 3},
+        {"top_p": 2},
+        {"stream_options": {"include_usage": 1}},
+    ):
+        assert not _plainly_valid_chat({**body, **bad})  # pydantic decides (and refuses)
 
 
 def _reference_depth_over(body: Any, max_depth: int) -> bool:
