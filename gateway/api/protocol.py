@@ -169,8 +169,13 @@ def _plainly_valid_chat(body: dict[str, Any]) -> bool:
 
 def validate(schema: type[BaseModel], body: dict[str, Any]) -> None:
     """Raise :class:`InvalidRequestError` naming the first bad parameter."""
-    if schema is ChatCompletionRequest and _plainly_valid_chat(body):
-        return
+    if schema is ChatCompletionRequest:
+        if _plainly_valid_chat(body):
+            return
+    else:
+        quick = getattr(schema, "plainly_valid", None)  # a schema's own quick check
+        if quick is not None and quick(body):
+            return
     try:
         schema.model_validate(body)
     except ValidationError as exc:

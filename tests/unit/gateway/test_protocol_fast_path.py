@@ -1,5 +1,5 @@
 """The fast paths of request validation decide exactly as the slow ones: a body the quick
-chat check passes, pydantic accepts too; the level-by-level depth check agrees with the
+chat (or Responses) check passes, pydantic accepts too; the level-by-level depth check agrees with the
 plain stack walk."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gateway.api.protocol import ChatCompletionRequest, _body_depth_over, _depth_over, _plainly_valid_chat
+from gateway.dialects.responses.wire import ResponsesRequest
 
 # Values of every JSON type, valid and invalid for the modelled fields, with the edge cases
 # of strict mode (bools for ints, ints for floats, empty strings, out-of-range numbers).
@@ -102,6 +103,87 @@ def test_the_quick_chat_check_takes_the_common_request() -> None:
         {"stream_options": {"include_usage": 1}},
     ):
         assert not _plainly_valid_chat({**body, **bad})  # pydantic decides (and refuses)
+
+
+_RESPONSES_BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": _SCALARS,
+        "input": st.one_of(
+            _SCALARS,
+            st.lists(
+                st.one_of(
+                    _SCALARS,
+                    st.fixed_dictionaries(
+                        {}, optional={"type": _SCALARS, "role": _SCALARS, "content": _CONTENT}
+                    ),
+                ),
+                max_size=3,
+            ),
+        ),
+        "tools": st.one_of(_SCALARS, st.lists(_TOOL, max_size=2)),
+        "text": st.one_of(_SCALARS, st.fixed_dictionaries({}, optional={"format": _SCALARS})),
+        "metadata": st.one_of(_SCALARS, st.dictionaries(st.sampled_from(["a", "b"]), _SCALARS, max_size=2)),
+        **{
+            name: _SCALARS
+            for name in (
+                "instructions", "stream", "store", "previous_response_id", "max_output_tokens",
+                "temperature", "top_p", "tool_choice", "reasoning", "parallel_tool_calls", "user",
+            )
+        },
+    },
+)  # fmt: skip
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_RESPONSES_BODY)
+def test_what_the_quick_responses_check_passes_pydantic_accepts(body: dict[str, Any]) -> None:
+    if ResponsesRequest.plainly_valid(body):
+        try:
+            ResponsesRequest.model_validate(body)
+        except ValidationError as exc:  # pragma: no cover - the failure message
+            raise AssertionError(f"fast path passed an invalid body: {exc}") from None
+
+
+def test_the_quick_responses_check_takes_an_agents_request() -> None:
+    body = {
+        "model": "m",
+        "instructions": "You are an agent.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "find order 7"}]},
+            {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "shipped"},
+        ],
+        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "text": {"format": {"type": "text"}},
+        "reasoning": {"effort": "low"},
+        "metadata": {"team": "support"},
+        "temperature": 0,
+        "max_output_tokens": 256,
+        "store": False,
+        "stream": True,
+    }
+    assert ResponsesRequest.plainly_valid(body)
+    assert ResponsesRequest.plainly_valid({"model": "m", "input": "Hi"})
+    for bad in (
+        {"model": ""},
+        {"input": [["x"]]},
+        {"input": [{"role": 1}]},
+        {"max_output_tokens": 0},
+        {"max_output_tokens": 1.0},
+        {"temperature": True},
+        {"top_p": 1.5},
+        {"metadata": {"n": 1}},
+        {"text": {"format": "json"}},
+        {"tools": [{"name": "lookup"}]},
+        {"tools": {}},
+        {"input": {}},
+        {"reasoning": "low"},
+        {"store": "no"},
+    ):
+        assert not ResponsesRequest.plainly_valid({**body, **bad})  # pydantic decides (and refuses)
 
 
 def _reference_depth_over(body: Any, max_depth: int) -> bool:
