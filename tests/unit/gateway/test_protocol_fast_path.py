@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gateway.api.protocol import ChatCompletionRequest, _body_depth_over, _depth_over, _plainly_valid_chat
 from gateway.dialects.responses.wire import ResponsesRequest
@@ -64,14 +64,18 @@ _BODY = st.fixed_dictionaries(
 )
 
 
+def _accepted(schema: type[BaseModel], body: dict[str, Any]) -> None:
+    try:
+        schema.model_validate(body)
+    except ValidationError as exc:  # pragma: no cover - the failure message
+        raise AssertionError(f"fast path passed an invalid body: {exc}") from None
+
+
 @settings(max_examples=1500, deadline=None)
 @given(_BODY)
 def test_what_the_quick_chat_check_passes_pydantic_accepts(body: dict[str, Any]) -> None:
     if _plainly_valid_chat(body):
-        try:
-            ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:  # pragma: no cover - the failure message
-            raise AssertionError(f"fast path passed an invalid body: {exc}") from None
+        _accepted(ChatCompletionRequest, body)
 
 
 def test_the_quick_chat_check_takes_the_common_request() -> None:
@@ -139,10 +143,7 @@ _RESPONSES_BODY = st.fixed_dictionaries(
 @given(_RESPONSES_BODY)
 def test_what_the_quick_responses_check_passes_pydantic_accepts(body: dict[str, Any]) -> None:
     if ResponsesRequest.plainly_valid(body):
-        try:
-            ResponsesRequest.model_validate(body)
-        except ValidationError as exc:  # pragma: no cover - the failure message
-            raise AssertionError(f"fast path passed an invalid body: {exc}") from None
+        _accepted(ResponsesRequest, body)
 
 
 def test_the_quick_responses_check_takes_an_agents_request() -> None:
