@@ -61,6 +61,11 @@ class ChatCompletionRequest(_Wire):
     user: str | None = None
     metadata: dict[str, Any] | None = None
 
+    @staticmethod
+    def plainly_valid(body: dict[str, Any]) -> bool:
+        """:func:`_plainly_valid_chat`: what :func:`validate` tries before pydantic."""
+        return _plainly_valid_chat(body)
+
 
 class CompletionRequest(_Wire):
     model: str = Field(min_length=1)
@@ -83,20 +88,31 @@ _ROLES = frozenset(("system", "developer", "user", "assistant", "tool", "functio
 _MESSAGE_STRINGS = ("name", "tool_call_id")
 
 
-def _plain_number_ok(name: str, value: Any) -> bool:
-    """Whether a present numeric chat field is surely valid (exact type, inside its range)."""
-    if name in ("max_tokens", "max_completion_tokens"):
-        return type(value) is int and value >= 1
-    if name == "n":
-        return type(value) is int and 1 <= value <= 128
-    # A float field takes a JSON integer too (``"temperature": 0``, the deterministic request
-    # a response cache keeps), not a bool; NaN fails the range and goes to pydantic.
-    if type(value) is not float and type(value) is not int:
-        return False
-    return 0 <= value <= (2 if name == "temperature" else 1)  # top_p: at most 1
+def plain_numbers(body: dict[str, Any], ranges: dict[str, tuple[int, int | None, bool]]) -> bool:
+    """Whether each numeric field of ``ranges`` present in ``body`` is surely valid: per field
+    ``(low, high, whole)``, an int (unless ``whole``, a float too; a JSON integer in a float
+    field, such as ``"temperature": 0``, is valid; a bool never) from ``low`` to ``high``
+    (None: no top). NaN fails the range, so pydantic decides it."""
+    get = body.get
+    for name, bounds in ranges.items():
+        value = get(name)
+        if value is None:
+            continue
+        low, high, whole = bounds
+        if type(value) is not int and (whole or type(value) is not float):
+            return False
+        if not low <= value or (high is not None and value > high):
+            return False
+    return True
 
 
-_PLAIN_NUMBERS = ("max_tokens", "max_completion_tokens", "n", "temperature", "top_p")
+_PLAIN_NUMBERS: dict[str, tuple[int, int | None, bool]] = {
+    "max_tokens": (1, None, True),
+    "max_completion_tokens": (1, None, True),
+    "n": (1, 128, True),
+    "temperature": (0, 2, False),
+    "top_p": (0, 1, False),
+}
 
 
 def _plainly_valid_tools(tools: Any) -> bool:
@@ -152,10 +168,8 @@ def _plainly_valid_chat(body: dict[str, Any]) -> bool:
     tools = body.get("tools")
     if tools is not None and not _plainly_valid_tools(tools):
         return False
-    for name in _PLAIN_NUMBERS:
-        value = body.get(name)
-        if value is not None and not _plain_number_ok(name, value):
-            return False
+    if not plain_numbers(body, _PLAIN_NUMBERS):
+        return False
     stream, user = body.get("stream"), body.get("user")
     if (stream is not None and type(stream) is not bool) or (user is not None and type(user) is not str):
         return False
@@ -169,13 +183,9 @@ def _plainly_valid_chat(body: dict[str, Any]) -> bool:
 
 def validate(schema: type[BaseModel], body: dict[str, Any]) -> None:
     """Raise :class:`InvalidRequestError` naming the first bad parameter."""
-    if schema is ChatCompletionRequest:
-        if _plainly_valid_chat(body):
-            return
-    else:
-        quick = getattr(schema, "plainly_valid", None)  # a schema's own quick check
-        if quick is not None and quick(body):
-            return
+    quick = getattr(schema, "plainly_valid", None)  # a schema's own quick check, if it has one
+    if quick is not None and quick(body):
+        return
     try:
         schema.model_validate(body)
     except ValidationError as exc:

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.api.protocol import plain_numbers
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -85,13 +87,14 @@ class ResponsesRequest(_Wire):
             for value in metadata.values():
                 if type(value) is not str:
                     return False
-        return (
-            _in_range(get("max_output_tokens"), 1, None, float_ok=False)
-            and _in_range(get("temperature"), 0, 2)
-            and _in_range(get("top_p"), 0, 1)
-        )
+        return plain_numbers(body, _PLAIN_NUMBERS)
 
 
+_PLAIN_NUMBERS: dict[str, tuple[int, int | None, bool]] = {
+    "max_output_tokens": (1, None, True),
+    "temperature": (0, 2, False),
+    "top_p": (0, 1, False),
+}
 _PLAIN_FIELDS: tuple[tuple[tuple[str, ...], tuple[type, ...]], ...] = (
     (("instructions", "previous_response_id", "user"), (str,)),
     (("stream", "store", "parallel_tool_calls"), (bool,)),
@@ -100,15 +103,6 @@ _PLAIN_FIELDS: tuple[tuple[tuple[str, ...], tuple[type, ...]], ...] = (
     (("tools",), (list,)),
 )
 """The fields :meth:`ResponsesRequest.plainly_valid` checks by exact type (None or one of these)."""
-
-
-def _in_range(value: Any, low: int, high: int | None, float_ok: bool = True) -> bool:
-    """``value`` is None, or an int (or, with ``float_ok``, a float) from ``low`` to ``high``."""
-    if value is None:
-        return True
-    if type(value) is not int and not (float_ok and type(value) is float):
-        return False
-    return low <= value and (high is None or value <= high)
 
 
 def new_id(prefix: str) -> str:
